@@ -1,0 +1,7 @@
+"""`python -m scaletrain` (also what `torchrun -m scaletrain` runs)."""
+
+import sys
+
+from scaletrain.cli import main
+
+sys.exit(main())

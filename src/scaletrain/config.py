@@ -1,0 +1,400 @@
+"""One typed configuration, resolved once: preset TOML -> --config FILE -> --set overrides -> validate.
+
+Every field carries a docstring (the string literal under it); `describe()` turns those into help text.
+The resolved config is written to `config.json` in the run directory and is the only source of truth
+for everything a run does.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A configuration value, preset or override is wrong; the message names the field."""
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "gpt3"
+    """Architecture family. Only "gpt3" (GPT-2/GPT-3 decoder: learned positions, pre-LN, tanh GELU, tied embeddings)."""
+    n_layers: int = 4
+    """Number of transformer blocks."""
+    d_model: int = 256
+    """Hidden size h."""
+    n_heads: int = 4
+    """Attention heads; must divide d_model."""
+    d_ff: int = 0
+    """Feed-forward inner size; 0 means 4 * d_model (the GPT-3 ratio)."""
+    seq_len: int = 256
+    """Training sequence length s (also the number of learned positions)."""
+    vocab_size: int = 8192
+    """Tokenizer vocabulary size (unpadded). The embedding is padded to a multiple of `vocab_multiple`."""
+    vocab_multiple: int = 128
+    """Pad the embedding/logit rows to a multiple of this (GPT-3: 50257 -> 51200) for fast GEMMs."""
+    ln_eps: float = 1e-5
+    """LayerNorm epsilon."""
+    init_std: float = 0.006
+    """Std of the normal init of every weight matrix and embedding (MLPerf gpt3: 0.006)."""
+
+    @property
+    def ffn_size(self) -> int:
+        """Feed-forward inner size after resolving the 0 default."""
+        return self.d_ff or 4 * self.d_model
+
+    @property
+    def padded_vocab(self) -> int:
+        """Vocabulary rows actually allocated: vocab_size rounded up to vocab_multiple."""
+        m = self.vocab_multiple
+        return int(math.ceil(self.vocab_size / m) * m)
+
+
+@dataclass
+class DataConfig:
+    train_prefix: str = ""
+    """Path prefix of the training .bin/.idx pair; empty means the default corpus under data_dir."""
+    valid_prefix: str = ""
+    """Path prefix of the validation .bin/.idx pair; empty means the default corpus under data_dir."""
+    tokenizer: str = ""
+    """SentencePiece .model file the datasets were encoded with; empty means the default corpus's."""
+    data_dir: str = ""
+    """Where `scaletrain data fetch` puts the default corpus; empty means $SCALETRAIN_DATA or ~/.cache/scaletrain."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 2e-5
+    """Base (peak) learning rate of the gpt3 rule."""
+    end_lr_ratio: float = 0.1
+    """End LR as a fraction of the base LR (gpt3: base/10)."""
+    warmup_samples: int = 265 * 1536
+    """Linear warm-up length in samples; warm-up steps = ceil(warmup_samples / global_batch_size)."""
+    decay_samples: int = 108600 * 1536
+    """Where the cosine decay ends, in samples from the schedule's origin; steps = ceil(decay_samples / GBS)."""
+    checkpoint_samples: int = 0
+    """Samples the start checkpoint was trained on; the schedule starts this far in (gpt3: 4000 * 1536)."""
+    beta1: float = 0.9
+    """Adam beta1."""
+    beta2: float = 0.95
+    """Adam beta2."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay, applied to every parameter (gpt3 rule: LayerNorm and biases too)."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip; 0 disables."""
+
+    def warmup_steps(self, gbs: int) -> int:
+        """Warm-up steps at global batch size `gbs` (gpt3: ceil(265*1536/GBS))."""
+        return math.ceil(self.warmup_samples / gbs)
+
+    def decay_steps(self, gbs: int) -> int:
+        """Step at which the cosine reaches the end LR (gpt3: ceil(108600*1536/GBS))."""
+        return math.ceil(self.decay_samples / gbs)
+
+    def init_checkpoint_step(self, gbs: int) -> int:
+        """Step count of the start checkpoint in this batch size (gpt3: ceil(4000*1536/GBS))."""
+        return math.ceil(self.checkpoint_samples / gbs)
+
+
+@dataclass
+class TrainConfig:
+    global_batch_size: int = 32
+    """Sequences per optimizer step = micro_batch_size * grad accumulation * data-parallel size."""
+    micro_batch_size: int = 8
+    """Sequences per forward/backward pass."""
+    dtype: str = "bf16"
+    """Compute precision: "bf16" (autocast, fp32 master weights) or "fp32"."""
+    seed: int = 1234
+    """Seed for init and the sample shuffle."""
+    max_steps: int = 0
+    """Stop after this many steps even without reaching the target; 0 = no limit but the decay end."""
+    eval_interval_samples: int = 24576
+    """Evaluate after every this many training sequences (gpt3: 24576)."""
+    target_eval_loss: float = 2.69
+    """Stop when the validation log perplexity is at or below this (gpt3: 2.69)."""
+    threads: int = 0
+    """torch intra-op threads on CPU; 0 keeps torch's default."""
+    log_interval: int = 1
+    """Write a metrics.jsonl line every this many steps."""
+    run_dir: str = "runs/latest"
+    """Run directory for config.json, metrics.jsonl, mllog.txt, result.json and TensorBoard events."""
+    device: str = "auto"
+    """"auto" (CUDA if available, else CPU), "cpu" or "cuda"."""
+    compile: bool = False
+    """Wrap each block in torch.compile."""
+    progress: bool = True
+    """Show a rich progress bar on an interactive terminal."""
+
+
+@dataclass
+class BenchConfig:
+    benchmark: str = "gpt3"
+    """MLPerf benchmark rules to follow: "gpt3" (official, ruleset 4.1.0) or "gpt3-proxy" (CPU proxy rules file)."""
+    runs: int = 3
+    """Runs with distinct seeds; scored by the olympic mean."""
+    org: str = "scaletrain"
+    """submission_org logged in MLLOG."""
+    division: str = "closed"
+    """submission_division logged in MLLOG."""
+    platform: str = ""
+    """submission_platform; empty means derived from the machine (e.g. "1xCPU")."""
+    check: bool = True
+    """Run MLCommons' compliance checker on every log."""
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Model shape."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Datasets and tokenizer."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and LR rule."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Training loop."""
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    """MLPerf benchmark protocol."""
+    preset: str = ""
+    """Name of the preset this config started from (informational)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (what config.json holds)."""
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """config.json text."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    def save(self, run_dir: str | Path) -> Path:
+        """Write config.json into run_dir and return its path."""
+        path = Path(run_dir) / "config.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json() + "\n")
+        return path
+
+    def validate(self) -> "Config":
+        """Raise ConfigError naming the first wrong field; return self when all is well."""
+        for problem in _problems(self):
+            raise ConfigError(problem)
+        return self
+
+
+def _problems(c: Config):
+    m, t, o, b = c.model, c.train, c.optim, c.bench
+    if m.arch != "gpt3":
+        yield f"model.arch={m.arch!r}: only 'gpt3' is supported"
+    for name in ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size", "vocab_multiple"):
+        if getattr(m, name) <= 0:
+            yield f"model.{name}={getattr(m, name)}: must be > 0"
+    if m.n_heads > 0 and m.d_model % m.n_heads:
+        yield f"model.n_heads={m.n_heads}: must divide model.d_model={m.d_model}"
+    if m.d_ff < 0:
+        yield f"model.d_ff={m.d_ff}: must be >= 0 (0 means 4*d_model)"
+    if not (0 < m.ln_eps < 1):
+        yield f"model.ln_eps={m.ln_eps}: must be in (0, 1)"
+    if m.init_std <= 0:
+        yield f"model.init_std={m.init_std}: must be > 0"
+    if t.global_batch_size <= 0 or t.micro_batch_size <= 0:
+        yield "train.global_batch_size and train.micro_batch_size must be > 0"
+    elif t.global_batch_size % t.micro_batch_size:
+        yield (f"train.global_batch_size={t.global_batch_size}: must be a multiple of "
+               f"train.micro_batch_size={t.micro_batch_size}")
+    if t.dtype not in ("bf16", "fp32"):
+        yield f"train.dtype={t.dtype!r}: must be 'bf16' or 'fp32'"
+    if t.device not in ("auto", "cpu", "cuda"):
+        yield f"train.device={t.device!r}: must be 'auto', 'cpu' or 'cuda'"
+    if t.eval_interval_samples <= 0:
+        yield f"train.eval_interval_samples={t.eval_interval_samples}: must be > 0"
+    for name in ("max_steps", "threads"):
+        if getattr(t, name) < 0:
+            yield f"train.{name}={getattr(t, name)}: must be >= 0"
+    if t.log_interval <= 0:
+        yield f"train.log_interval={t.log_interval}: must be > 0"
+    if o.lr <= 0:
+        yield f"optim.lr={o.lr}: must be > 0"
+    if not (0 <= o.end_lr_ratio <= 1):
+        yield f"optim.end_lr_ratio={o.end_lr_ratio}: must be in [0, 1]"
+    if o.warmup_samples < 0 or o.checkpoint_samples < 0:
+        yield "optim.warmup_samples and optim.checkpoint_samples must be >= 0"
+    if o.decay_samples <= o.warmup_samples:
+        yield f"optim.decay_samples={o.decay_samples}: must exceed optim.warmup_samples={o.warmup_samples}"
+    for name in ("beta1", "beta2"):
+        if not (0 <= getattr(o, name) < 1):
+            yield f"optim.{name}={getattr(o, name)}: must be in [0, 1)"
+    if o.eps <= 0 or o.weight_decay < 0 or o.grad_clip < 0:
+        yield "optim.eps must be > 0, optim.weight_decay and optim.grad_clip >= 0"
+    if b.benchmark not in BENCHMARKS:
+        yield f"bench.benchmark={b.benchmark!r}: must be one of {sorted(BENCHMARKS)}"
+    if b.runs <= 0:
+        yield f"bench.runs={b.runs}: must be > 0"
+
+
+BENCHMARKS = ("gpt3", "gpt3-proxy")
+
+
+# ---------------------------------------------------------------- presets and overrides
+
+def list_presets() -> list[str]:
+    """Names of the TOML presets shipped in the package."""
+    files = resources.files("scaletrain.presets").iterdir()
+    return sorted(p.name[:-5] for p in files if p.name.endswith(".toml"))
+
+
+def _load_toml(text: str, where: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+
+
+def preset_dict(name: str) -> dict[str, Any]:
+    """The raw TOML table of preset `name`."""
+    if name not in list_presets():
+        raise ConfigError(f"unknown preset {name!r}; available: {', '.join(list_presets())}")
+    text = resources.files("scaletrain.presets").joinpath(f"{name}.toml").read_text()
+    return _load_toml(text, f"preset {name}")
+
+
+def _merge(cfg: Any, table: dict[str, Any], where: str, prefix: str = "") -> None:
+    known = {f.name: f for f in fields(cfg)}
+    for key, value in table.items():
+        path = f"{prefix}{key}"
+        if key not in known:
+            raise ConfigError(f"{where}: unknown field {path!r}; known: {', '.join(known)}")
+        current = getattr(cfg, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: {path!r} is a section, got {value!r}")
+            _merge(current, value, where, path + ".")
+        else:
+            setattr(cfg, key, _coerce(value, current, path, where))
+
+
+def _coerce(value: Any, current: Any, path: str, where: str) -> Any:
+    kind = type(current)
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(float(value)) if float(value).is_integer() else _bad(path, value, kind, where)
+            except ValueError:
+                pass
+    elif kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif kind is str:
+        return str(value)
+    return _bad(path, value, kind, where)
+
+
+def _bad(path: str, value: Any, kind: type, where: str):
+    raise ConfigError(f"{where}: {path}={value!r} is not a valid {kind.__name__}")
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split 'a.b=c' into ('a.b', c) with c read as a Python/TOML literal when possible."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. train.seed=7")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"--set {text!r}: empty key")
+    try:
+        value = ast.literal_eval(raw.strip())
+    except (ValueError, SyntaxError):
+        value = raw.strip()
+    return key, value
+
+
+def _nest(key: str, value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = value
+    for part in reversed(key.split(".")):
+        out = {part: out}
+    return out
+
+
+def resolve(preset: str = "gpt3-proxy", config_file: str | None = None,
+            overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Build the one Config of a run: preset, then a TOML file, then --set overrides, then validate."""
+    cfg = Config(preset=preset)
+    if preset:
+        _merge(cfg, preset_dict(preset), f"preset {preset}")
+    if config_file:
+        path = Path(config_file)
+        if not path.is_file():
+            raise ConfigError(f"--config {config_file}: no such file")
+        _merge(cfg, _load_toml(path.read_text(), str(path)), str(path))
+    for text in overrides:
+        key, value = parse_override(text)
+        _merge(cfg, _nest(key, value), f"--set {text}")
+    return cfg.validate()
+
+
+def from_dict(table: dict[str, Any]) -> Config:
+    """Rebuild a Config from config.json's dict (what `save` wrote)."""
+    cfg = Config()
+    _merge(cfg, table, "config.json")
+    return cfg.validate()
+
+
+def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted name, default, docstring) for every field, read from the field docstrings in this file."""
+    docs = _field_docs(cls)
+    rows = []
+    for f in fields(cls):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            rows.extend(describe(type(default), f"{prefix}{f.name}."))
+        else:
+            rows.append((f"{prefix}{f.name}", repr(default), docs.get(f.name, "")))
+    return rows
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    import inspect
+    import textwrap
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for prev, node in zip(body, body[1:]):
+        if (isinstance(prev, ast.AnnAssign) and isinstance(prev.target, ast.Name)
+                and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)):
+            docs[prev.target.id] = node.value.value
+    return docs
+
+
+def default_data_dir(cfg: DataConfig) -> Path:
+    """Resolved directory of the default corpus."""
+    if cfg.data_dir:
+        return Path(cfg.data_dir).expanduser()
+    env = os.environ.get("SCALETRAIN_DATA")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "scaletrain"
