@@ -52,9 +52,9 @@ def cmd_data_fetch(args) -> int:
     from scaletrain.data.corpus import fetch_default, prepare_excerpt
     data_dir = default_data_dir(DataConfig(data_dir=args.data_dir or ""))
     if args.excerpt:
-        corpus = prepare_excerpt(data_dir / "shakespeare", args.vocab_size)
+        corpus = prepare_excerpt(data_dir / "shakespeare", args.vocab_size, log=print)
     else:
-        corpus = fetch_default(data_dir, vocab_size=args.vocab_size)
+        corpus = fetch_default(data_dir, vocab_size=args.vocab_size, log=print)
     print(f"train: {corpus.train_prefix}\nvalid: {corpus.valid_prefix}\ntokenizer: {corpus.tokenizer}")
     return 0
 

@@ -16,8 +16,7 @@ from pathlib import Path
 import torch
 
 from scaletrain.bench.harness import NonFiniteLoss
-from scaletrain.config import Config, default_data_dir
-from scaletrain.data.indexed import DataError
+from scaletrain.config import Config
 from scaletrain.model.flops import flops_per_token
 from scaletrain.model.gpt import GPT, IGNORE_INDEX, loss_sum
 from scaletrain.train.metrics import MetricsLogger
@@ -42,26 +41,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_datasets(cfg: Config, seed: int) -> Datasets:
-    """Open the train/valid datasets named by cfg.data (or the default corpus) and check them against the model."""
-    from scaletrain.data.corpus import default_paths
-    from scaletrain.data.prepare import load_dataset
+    """Open the train/valid datasets named by cfg.data (or the default corpus), checked against the model's vocab."""
+    from scaletrain.data.corpus import open_data
     from scaletrain.data.samples import TrainSamples, ValidSamples
-    from scaletrain.data.tokenizer import Tokenizer
 
-    d = cfg.data
-    train_prefix, valid_prefix, tok_path = d.train_prefix, d.valid_prefix, d.tokenizer
-    if not (train_prefix and valid_prefix):
-        default = default_paths(default_data_dir(d))
-        if not default.exists():
-            raise DataError(f"{default.train_prefix}: default corpus not prepared; run `scaletrain data fetch` "
-                            f"first (or set data.train_prefix/data.valid_prefix)")
-        train_prefix = train_prefix or str(default.train_prefix)
-        valid_prefix = valid_prefix or str(default.valid_prefix)
-        tok_path = tok_path or str(default.tokenizer)
-    tokenizer = Tokenizer(tok_path) if tok_path else None
-    vocab = cfg.model.vocab_size
-    train = load_dataset(train_prefix, tokenizer, vocab)
-    valid = load_dataset(valid_prefix, tokenizer, vocab)
+    train, valid, _ = open_data(cfg.data, cfg.model.vocab_size)
     return Datasets(TrainSamples(train, cfg.model.seq_len, seed), ValidSamples(valid, cfg.model.seq_len))
 
 

@@ -1,0 +1,100 @@
+"""Run MLCommons' compliance checker on an MLLOG file, as a subprocess, and read its verdict.
+
+A subprocess, not an import: the checker keeps its include queue in a module global, configures the root logger
+and reads argv at import time, so running it in-process would leak state between checks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+
+__all__ = ["CheckResult", "check_log", "checker_command", "proxy_rules_path", "RULESET"]
+
+# gpt3 rules exist only in rulesets 3.0.0-4.1.0; the package's default (newer) ruleset crashes on gpt3 logs.
+RULESET = "4.1.0"
+_SUCCESS = re.compile(r"^\S+ - SUCCESS\s*$", re.MULTILINE)
+_FAILED = re.compile(r"^\S+ - FAILED\s*$", re.MULTILINE)
+
+
+@dataclass
+class CheckResult:
+    """The checker's verdict on one log."""
+
+    ok: bool
+    """True only when the checker exited 0, printed SUCCESS, and printed no FAILED or traceback."""
+    command: list[str]
+    """The exact command line that was run."""
+    output: str
+    """Its stdout and stderr, concatenated (the reasons for a failure are here)."""
+
+    def to_dict(self) -> dict:
+        """Plain dict for JSON."""
+        return asdict(self)
+
+
+def proxy_rules_path():
+    """The packaged rules file for the gpt3-proxy benchmark (a Traversable; see `check_log` for a real path)."""
+    return resources.files("scaletrain.bench").joinpath("rules").joinpath("gpt3_proxy.yaml")
+
+
+def checker_command(log: str | Path, benchmark: str, config: str | Path | None = None,
+                    log_output: str | Path | None = None) -> list[str]:
+    """The checker command line for `benchmark` ("gpt3" or "gpt3-proxy"); `config` is the proxy rules path."""
+    cmd = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
+           "--ruleset", RULESET, "--werror"]
+    if benchmark == "gpt3-proxy":
+        if config is None:
+            raise ValueError("gpt3-proxy needs the proxy rules file as config")
+        # Absolute: the checker joins --config onto its own package directory, so a relative path would point there.
+        cmd += ["--config", os.path.abspath(config)]
+    elif benchmark != "gpt3":
+        raise ValueError(f"no compliance rules for benchmark {benchmark!r}; expected 'gpt3' or 'gpt3-proxy'")
+    if log_output is not None:
+        cmd += ["--log_output", str(log_output)]
+    return cmd + [str(log)]
+
+
+def check_log(path: str | Path, benchmark: str, log_output: str | Path | None = None,
+              timeout_s: float = 300.0) -> CheckResult:
+    """Check the MLLOG file `path` against the rules of `benchmark` with `--werror`.
+
+    "gpt3": the official ruleset 4.1.0. "gpt3-proxy": the same engine with `--config` = the packaged proxy rules.
+    The checker also appends its messages to a file (by default `compliance_checker.log` in the current directory);
+    CheckResult.output already holds them, so that copy goes to os.devnull unless `log_output` names a file.
+    """
+    path = Path(path)
+    if log_output is None:
+        log_output = os.devnull
+    with ExitStack() as stack:
+        config = None
+        if benchmark == "gpt3-proxy":
+            # as_file gives a real path even from a zipped install; an ordinary install returns the file itself.
+            config = stack.enter_context(resources.as_file(proxy_rules_path()))
+        cmd = checker_command(path, benchmark, config=config, log_output=log_output)
+        if not path.is_file():
+            return CheckResult(False, cmd, f"no such log file: {path}")
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            return CheckResult(False, cmd, f"checker timed out after {timeout_s:g} s\n{exc.stdout or ''}{exc.stderr or ''}")
+        except OSError as exc:
+            return CheckResult(False, cmd, f"could not run the checker: {exc}")
+    output = (proc.stdout or "") + (proc.stderr or "")
+    return CheckResult(verdict(proc.returncode, output), cmd, output)
+
+
+def verdict(returncode: int, output: str) -> bool:
+    """Pass only on exit 0 with a SUCCESS line and no FAILED line or traceback.
+
+    The exit code alone is not enough: a rules file the checker cannot find is reported as a message and a crash
+    inside a rules file's code may be swallowed; the SUCCESS line alone is not enough if the process died later.
+    """
+    return (returncode == 0 and bool(_SUCCESS.search(output)) and not _FAILED.search(output)
+            and "Traceback (most recent call last)" not in output)

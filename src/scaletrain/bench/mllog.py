@@ -1,0 +1,129 @@
+"""MLLOG writer: real `:::MLLOG` lines through `mlperf_logging.mllog`, one private logger per file.
+
+`mlperf_logging.mllog` is built around one process-wide logger (`mllog.config(filename=...)`) that also prints to
+stdout. The benchmark runs several timed runs in one process, so each log gets its own `logging.Logger` with its own
+FileHandler; nothing propagates to the root logger, so a user's logging setup can neither duplicate nor swallow lines.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mlperf_logging.mllog import constants as C  # noqa: F401  (re-exported for callers: `from .mllog import C`)
+from mlperf_logging.mllog.mllog import MLLogger
+
+__all__ = ["MLLogWriter", "C", "now_ms", "read_mllog", "TOKEN"]
+
+TOKEN = ":::MLLOG "
+
+# mllog looks (2 + stack_offset) frames up from get_caller: get_caller <- _log_helper <- MLLogger.<method> <- ...
+# Its default offset of 1 names whoever called MLLogger, i.e. this wrapper. Our frames in between are
+# MLLogWriter._emit and MLLogWriter.<method>, so 3 names the harness line that logged the event.
+_OWN_FRAMES = 3
+
+_ids = itertools.count()
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds since the epoch: the clock mllog stamps `time_ms` with (int(time.time() * 1e3))."""
+    return int(time.time() * 1e3)
+
+
+class MLLogWriter:
+    """Write MLLOG events to `path` (truncated on open).
+
+    Every method returns the `time_ms` stamped on the line, so callers can compute durations on the log's own clock.
+    `file`/`lineno` metadata name the code that called the method; pass `stack_offset=k` from a helper that wraps
+    these methods to name the helper's caller k frames further up instead.
+    """
+
+    def __init__(self, path: str | Path, echo: bool = False, mode: str = "w") -> None:
+        """Open `path` for MLLOG lines; `echo=True` also mirrors every line to stdout."""
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # A unique name per writer: logging.getLogger caches by name, and two writers on one logger would share handlers.
+        self._logger = logging.getLogger(f"scaletrain.mllog.{next(_ids)}")
+        self._logger.setLevel(logging.INFO)
+        self._logger.propagate = False
+        self._handlers: list[logging.Handler] = []
+        file_handler = logging.FileHandler(self.path, mode=mode, encoding="utf-8")
+        self._handlers.append(file_handler)
+        if echo:
+            self._handlers.append(logging.StreamHandler(sys.stdout))
+        for handler in self._handlers:
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            handler.setLevel(logging.INFO)
+            self._logger.addHandler(handler)
+        self._mllogger = MLLogger(logger=self._logger, default_stack_offset=_OWN_FRAMES)
+        self.closed = False
+
+    # ------------------------------------------------------------------ events
+
+    def event(self, key: str, value: Any = None, metadata: dict | None = None,
+              time_ms: int | None = None, stack_offset: int = 0) -> int:
+        """Log a POINT_IN_TIME event; returns its time_ms."""
+        return self._emit(self._mllogger.event, key, value, metadata, time_ms, stack_offset)
+
+    def start(self, key: str, value: Any = None, metadata: dict | None = None,
+              time_ms: int | None = None, stack_offset: int = 0) -> int:
+        """Log an INTERVAL_START event (init_start, run_start, block_start, eval_start); returns its time_ms."""
+        return self._emit(self._mllogger.start, key, value, metadata, time_ms, stack_offset)
+
+    def end(self, key: str, value: Any = None, metadata: dict | None = None,
+            time_ms: int | None = None, stack_offset: int = 0) -> int:
+        """Log an INTERVAL_END event (init_stop, run_stop, block_stop, eval_stop); returns its time_ms."""
+        return self._emit(self._mllogger.end, key, value, metadata, time_ms, stack_offset)
+
+    def _emit(self, method, key, value, metadata, time_ms, stack_offset) -> int:
+        if self.closed:
+            # Logging on a handler-less logger would silently drop INFO lines; a lost event must be loud.
+            raise RuntimeError(f"MLLogWriter({self.path}) is closed; cannot log {key!r}")
+        stamp = now_ms() if time_ms is None else int(time_ms)
+        method(key, value, metadata=metadata, time_ms=stamp, stack_offset=_OWN_FRAMES + stack_offset)
+        return stamp
+
+    # ------------------------------------------------------------------ lifetime
+
+    def flush(self) -> None:
+        """Flush buffered lines to disk."""
+        for handler in self._handlers:
+            handler.flush()
+
+    def close(self) -> None:
+        """Flush and close the file and detach every handler from the logger; idempotent."""
+        if self.closed:
+            return
+        for handler in self._handlers:
+            handler.flush()
+            self._logger.removeHandler(handler)
+            handler.close()
+        self._handlers.clear()
+        self.closed = True
+
+    def __enter__(self) -> "MLLogWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"MLLogWriter({str(self.path)!r}{', closed' if self.closed else ''})"
+
+
+def read_mllog(path: str | Path) -> list[dict]:
+    """The MLLOG events of a file as dicts (namespace, time_ms, event_type, key, value, metadata), in file order.
+
+    Like the checker, it accepts a prefix before the token (e.g. a rank tag) and ignores lines without one.
+    """
+    events = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        at = line.find(TOKEN)
+        if at >= 0:
+            events.append(json.loads(line[at + len(TOKEN):]))
+    return events

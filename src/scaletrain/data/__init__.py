@@ -1,0 +1,10 @@
+"""Data layer: MMIDIDX datasets, SentencePiece tokenizer, MLPerf gpt3 samples, default Shakespeare corpus.
+
+Modules: indexed (.bin/.idx read/write, DataError), tokenizer, samples (TrainSamples, ValidSamples),
+prepare (raw text -> dataset, checked loading), corpus (default corpus and packaged excerpt).
+Only DataError is imported here, so `import scaletrain.data` stays cheap (no torch).
+"""
+
+from .indexed import DataError
+
+__all__ = ["DataError"]

@@ -1,0 +1,206 @@
+"""Raw text -> tokenized MMIDIDX dataset with a sidecar that pins the tokenizer; and the checked loader.
+
+PREFIX.meta.json (written last, so it only exists for a complete .bin/.idx):
+    {"tokenizer_sha256", "vocab_size", "num_documents", "num_tokens", "max_token_id", "dtype", "sources"}
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import zlib
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from .indexed import DataError, IndexedDataset, IndexedDatasetWriter, best_dtype
+from .tokenizer import Tokenizer
+
+TEXT_SUFFIXES = (".txt", ".text", ".md")
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+GZIP_SUFFIXES = (".json.gz", ".jsonl.gz")
+# Documents per encode_batch call: big enough to keep SentencePiece's threads busy, small enough
+# that the Python int lists it returns (~30 bytes per token) stay a few hundred MB at most.
+ENCODE_CHUNK_DOCS = 2048
+ENCODE_CHUNK_CHARS = 8 * 1024 * 1024
+
+
+def meta_path(prefix: str | Path) -> Path:
+    """PREFIX.meta.json"""
+    return Path(f"{prefix}.meta.json")
+
+
+def _expand(paths: Iterable[str | Path]) -> list[Path]:
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            # Sorted so the stored document order (and thus every sample) is reproducible.
+            out.extend(sorted(q for q in p.rglob("*") if q.is_file() and _kind(q) is not None))
+        elif not p.is_file():
+            raise DataError(f"{p}: no such file")
+        else:
+            out.append(p)
+    return out
+
+
+def _kind(p: Path) -> str | None:
+    name = p.name.lower()
+    if name.endswith(GZIP_SUFFIXES):
+        return "gz"
+    if name.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    if name.endswith(TEXT_SUFFIXES):
+        return "txt"
+    return None
+
+
+def _jsonl_texts(path: Path, lines: Iterable[str]) -> Iterator[str]:
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{lineno}: bad JSON: {exc.msg} at column {exc.colno}") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+            raise DataError(f"{path}:{lineno}: expected a JSON object with a string 'text' field")
+        yield obj["text"]
+
+
+def read_documents(paths: Iterable[str | Path]) -> Iterator[str]:
+    """Yield document strings from files: .txt (whole file = one document), JSONL and gzip JSONL (C4's .json.gz).
+
+    JSON lines need a string "text" field. Directories are expanded to their supported files, sorted.
+    """
+    for path in _expand(paths):
+        kind = _kind(path)
+        try:
+            if kind == "txt":
+                yield path.read_text(encoding="utf-8").replace("\r\n", "\n")
+            elif kind == "jsonl":
+                with open(path, encoding="utf-8") as f:
+                    yield from _jsonl_texts(path, f)
+            elif kind == "gz":
+                with gzip.open(path, "rt", encoding="utf-8") as f:
+                    yield from _jsonl_texts(path, f)
+            else:
+                raise DataError(f"{path}: unsupported file type (expected .txt, .jsonl or .json.gz)")
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        except (OSError, EOFError, zlib.error) as exc:
+            raise DataError(f"{path}: cannot read: {exc}") from None
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def prepare_dataset(inputs: Sequence[str | Path], out_prefix: str | Path, tokenizer: Tokenizer | str | Path,
+                    num_threads: int | None = None) -> dict:
+    """Tokenize documents from `inputs` into OUT_PREFIX.bin/.idx and write OUT_PREFIX.meta.json; return the meta dict.
+
+    Documents are stored in input order, one sequence each, without end tokens; empty ones are skipped.
+    """
+    tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
+    inputs = list(inputs)
+    if not inputs:
+        raise DataError(f"{out_prefix}: no input files given")
+    meta_file = meta_path(out_prefix)
+    # A sidecar left from an earlier build must not vouch for the files we are about to replace.
+    if meta_file.exists():
+        meta_file.unlink()
+    max_id = -1
+    chunk: list[str] = []
+    chunk_chars = 0
+
+    def flush(writer: IndexedDatasetWriter) -> None:
+        nonlocal max_id, chunk, chunk_chars
+        for ids in tok.encode_batch(chunk, num_threads=num_threads):
+            if ids:
+                arr = np.asarray(ids, dtype=np.int64)
+                max_id = max(max_id, int(arr.max()))
+                writer.add_document(arr)
+        chunk, chunk_chars = [], 0
+
+    with IndexedDatasetWriter(out_prefix, best_dtype(tok.vocab_size)) as w:
+        for doc in read_documents(inputs):
+            if not doc.strip():
+                continue
+            chunk.append(doc)
+            chunk_chars += len(doc)
+            if len(chunk) >= ENCODE_CHUNK_DOCS or chunk_chars >= ENCODE_CHUNK_CHARS:
+                flush(w)
+        flush(w)
+        if w.num_documents == 0:
+            raise DataError(f"{inputs[0]}: no non-empty documents in the {len(inputs)} input path(s)")
+    ds = IndexedDataset(out_prefix)
+    meta = {
+        "tokenizer_sha256": tok.sha256,
+        "vocab_size": tok.vocab_size,
+        "num_documents": len(ds),
+        "num_tokens": ds.num_tokens,
+        "max_token_id": max_id,
+        "dtype": ds.dtype.name,
+        "sources": [str(p) for p in inputs],
+    }
+    _write_json_atomic(meta_file, meta)
+    return meta
+
+
+def read_meta(prefix: str | Path) -> dict | None:
+    """The parsed PREFIX.meta.json, or None when there is none (e.g. a dataset made by Megatron's tools)."""
+    path = meta_path(prefix)
+    if not path.is_file():
+        return None
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{path}: expected a JSON object")
+    for key in ("tokenizer_sha256", "vocab_size", "num_documents", "num_tokens"):
+        if key not in meta:
+            raise DataError(f"{path}: missing field {key!r}")
+    return meta
+
+
+def load_dataset(prefix: str | Path, tokenizer: Tokenizer | None = None,
+                 vocab_size: int | None = None) -> IndexedDataset:
+    """Open PREFIX.bin/.idx and check it against its sidecar, the tokenizer and the model's vocab_size.
+
+    Checks: the sidecar describes these files; it was tokenized by this tokenizer (sha256) with this
+    vocabulary; tokenizer.vocab_size == vocab_size; every token id < vocab_size. Without a sidecar
+    only the id range can be checked. Any mismatch raises DataError naming both sides.
+    """
+    ds = IndexedDataset(prefix)
+    meta = read_meta(prefix)
+    mfile = meta_path(prefix)
+    if meta is not None:
+        if (meta["num_tokens"], meta["num_documents"]) != (ds.num_tokens, len(ds)):
+            raise DataError(f"{mfile}: describes {meta['num_documents']} documents / {meta['num_tokens']} tokens "
+                            f"but {ds.bin_file.name} holds {len(ds)} / {ds.num_tokens}; stale sidecar, re-run prepare")
+        if tokenizer is not None and meta["tokenizer_sha256"] != tokenizer.sha256:
+            raise DataError(f"{mfile}: dataset was tokenized with a tokenizer of sha256 "
+                            f"{meta['tokenizer_sha256'][:16]}… "
+                            f"(vocab {meta['vocab_size']}) but {tokenizer.path} has sha256 {tokenizer.sha256[:16]}… "
+                            f"(vocab {tokenizer.vocab_size})")
+        if vocab_size is not None and meta["vocab_size"] != vocab_size:
+            raise DataError(f"{mfile}: dataset vocab_size {meta['vocab_size']} != model vocab_size {vocab_size}")
+    if tokenizer is not None and vocab_size is not None and tokenizer.vocab_size != vocab_size:
+        raise DataError(f"{tokenizer.path}: tokenizer vocab_size {tokenizer.vocab_size} "
+                        f"!= model vocab_size {vocab_size}")
+    limit = vocab_size if vocab_size is not None else (tokenizer.vocab_size if tokenizer is not None else None)
+    if limit is not None and ds.num_tokens:
+        if meta is not None and isinstance(meta.get("max_token_id"), int):
+            max_id, min_id = meta["max_token_id"], 0
+        else:
+            # One pass over the memmap; milliseconds for the default corpus.
+            max_id, min_id = int(ds.tokens.max()), int(ds.tokens.min())
+        if max_id >= limit or min_id < 0:
+            bad = max_id if max_id >= limit else min_id
+            raise DataError(f"{ds.bin_file}: token id {bad} outside the vocabulary [0, {limit})")
+    return ds
