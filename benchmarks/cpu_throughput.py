@@ -23,6 +23,7 @@ import torch
 
 from scaletrain.config import resolve
 from scaletrain.model.gpt import GPT, loss_sum
+from scaletrain.train.host import setup_cpu
 from scaletrain.train.optim import build_optimizer
 
 
@@ -80,8 +81,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "cpu_throughput.json"))
     args = ap.parse_args()
 
-    torch.set_num_threads(args.threads)
-    torch.set_flush_denormal(True)
+    setup_cpu(args.threads)  # process-wide, so both models get the same threads, flush-to-zero and allocator
     cfg = resolve(args.preset)
     m, b = cfg.model, cfg.train.micro_batch_size
     gen = torch.Generator().manual_seed(0)

@@ -19,6 +19,7 @@ from scaletrain.bench.harness import NonFiniteLoss
 from scaletrain.config import Config
 from scaletrain.model.flops import flops_per_token
 from scaletrain.model.gpt import GPT, IGNORE_INDEX, loss_sum
+from scaletrain.train.host import setup_cpu
 from scaletrain.train.metrics import MetricsLogger
 from scaletrain.train.optim import build_optimizer, lr_at, set_lr
 
@@ -72,10 +73,8 @@ class Trainer:
     # ------------------------------------------------------------------ engine protocol
     def init(self) -> None:
         """Untimed: threads, seeded build, warm-up on synthetic tokens, then reset to the cold-start state."""
-        if self.cfg.train.threads:
-            torch.set_num_threads(self.cfg.train.threads)
         if self.device.type == "cpu":
-            torch.set_flush_denormal(True)
+            setup_cpu(self.cfg.train.threads)
         torch.manual_seed(self.seed)
         self.model = GPT(self.cfg.model).to(self.device)
         if self.cfg.train.compile:

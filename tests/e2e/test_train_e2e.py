@@ -1,0 +1,136 @@
+"""Tiny end-to-end runs on the packaged excerpt: golden losses, the run-directory contract, MLLOG compliance."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from scaletrain.bench.checker import check_log
+from scaletrain.cli import main
+from scaletrain.config import resolve
+from scaletrain.train.engine import Trainer
+from scaletrain.train.run import train
+
+# fp32, 1 thread, seed 1234 on the excerpt at vocab 1024. Regenerate only for an intended numerical change.
+GOLDEN_LOSS = {1: 6.92582, 10: 6.50511, 20: 5.85913, 30: 5.73264}
+GOLDEN_EVAL = {10: 6.40014, 20: 5.80906, 30: 5.65907}
+TOL = 2e-3  # summation order differs across CPU kernels (AVX2 vs AVX-512); a real bug moves losses far more
+
+
+def tiny_overrides(corpus):
+    """2-layer d64 model on the excerpt, fp32 on one thread so the golden losses are reproducible."""
+    return [f"data.train_prefix={corpus.train_prefix}", f"data.valid_prefix={corpus.valid_prefix}",
+            f"data.tokenizer={corpus.tokenizer}", "model.vocab_size=1024", "model.n_layers=2", "model.d_model=64",
+            "model.n_heads=2", "model.seq_len=64", "train.global_batch_size=16", "train.micro_batch_size=8",
+            "train.dtype=fp32", "train.threads=1", "train.eval_interval_samples=160", "optim.lr=2e-3",
+            "optim.warmup_samples=160", "optim.decay_samples=3200", "train.progress=false"]
+
+
+def tiny_config(corpus, run_dir, *extra):
+    return resolve("gpt3-proxy", overrides=[*tiny_overrides(corpus), "train.target_eval_loss=0.1",
+                                            "train.max_steps=30", f"train.run_dir={run_dir}", *extra])
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_golden_run_and_run_directory_contract(excerpt_corpus, tmp_path):
+    cfg = tiny_config(excerpt_corpus, tmp_path / "run")
+    result = train(cfg)
+    run = tmp_path / "run"
+    lines = read_jsonl(run / "metrics.jsonl")
+    steps = {r["step"]: r for r in lines if "loss" in r}
+    evals = {r["step"]: r["eval_loss"] for r in lines if "eval_loss" in r}
+    print({k: round(steps[k]["loss"], 5) for k in GOLDEN_LOSS}, {k: round(v, 5) for k, v in evals.items()})
+    for step, want in GOLDEN_LOSS.items():
+        assert steps[step]["loss"] == pytest.approx(want, abs=TOL), f"train loss at step {step}"
+    for step, want in GOLDEN_EVAL.items():
+        assert evals[step] == pytest.approx(want, abs=TOL), f"eval loss at step {step}"
+    # Contract: every training line has these keys; tokens count whole global batches.
+    for r in steps.values():
+        assert {"step", "loss", "lr", "tokens", "tokens_per_s"} <= set(r)
+        assert r["tokens"] == r["step"] * 16 * 64
+    assert result == json.loads((run / "result.json").read_text())
+    assert result["status"] == "aborted" and result["steps"] == 30 and result["seed"] == 1234
+    assert result["eval_loss"] == pytest.approx(evals[30])
+    assert json.loads((run / "config.json").read_text())["model"]["d_model"] == 64
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert main(["report", str(run)]) == 0 and (run / "loss.png").stat().st_size > 10_000
+
+
+def test_reaching_the_target_is_success_and_log_is_compliant(excerpt_corpus, tmp_path):
+    target = (GOLDEN_EVAL[20] + GOLDEN_EVAL[10]) / 2  # reached at the second evaluation
+    cfg = tiny_config(excerpt_corpus, tmp_path / "run", f"train.target_eval_loss={target}")
+    result = train(cfg)
+    assert result["status"] == "success" and result["steps"] == 20
+    assert 0 < result["time_to_train_s"] < 120
+    verdict = check_log(tmp_path / "run" / "mllog.txt", "gpt3-proxy")
+    assert verdict.ok, verdict.output
+
+
+def test_warm_up_does_not_change_the_run(excerpt_corpus, tmp_path, monkeypatch):
+    def losses(run_dir, warm):
+        if not warm:
+            monkeypatch.setattr(Trainer, "_warm_up", lambda self, steps=2: None)
+        trainer = Trainer(tiny_config(excerpt_corpus, run_dir), run_dir)
+        trainer.init()
+        out = [trainer.train_step()["loss"] for _ in range(3)]
+        trainer.finish({})
+        return out
+    assert losses(tmp_path / "a", True) == losses(tmp_path / "b", False)
+
+
+def test_gradient_accumulation_matches_one_big_batch(excerpt_corpus, tmp_path):
+    def first_losses(mbs):
+        cfg = tiny_config(excerpt_corpus, tmp_path / f"m{mbs}", f"train.micro_batch_size={mbs}")
+        trainer = Trainer(cfg, tmp_path / f"m{mbs}")
+        trainer.init()
+        out = [trainer.train_step()["loss"] for _ in range(3)]
+        trainer.finish({})
+        return out
+    assert first_losses(16) == pytest.approx(first_losses(4), abs=1e-5)
+
+
+def test_nan_loss_aborts_with_clear_reason_and_keeps_weights(excerpt_corpus, tmp_path, monkeypatch):
+    cfg = tiny_config(excerpt_corpus, tmp_path / "run")
+    trainer = Trainer(cfg, tmp_path / "run")
+    real = Trainer._forward_backward
+
+    def poisoned(self, batches):
+        value = real(self, batches)
+        return math.nan if self.step == 4 else value
+    monkeypatch.setattr(Trainer, "_forward_backward", poisoned)
+    from scaletrain.bench.harness import run_once
+    snapshot = {}
+    orig_step = Trainer.train_step
+
+    def spy(self):
+        if self.step == 4:
+            snapshot.update({k: v.clone() for k, v in self.model.state_dict().items()})
+        return orig_step(self)
+    monkeypatch.setattr(Trainer, "train_step", spy)
+    result = run_once(cfg, trainer, tmp_path / "run")
+    assert result["status"] == "aborted" and result["steps"] == 4
+    assert "step 5" in result["reason"] and "nan" in result["reason"].lower()
+    assert all(torch.equal(v, trainer.model.state_dict()[k]) for k, v in snapshot.items())
+    assert '"status": "aborted"' in (tmp_path / "run" / "mllog.txt").read_text()
+
+
+def test_bench_cli_three_runs_scored_and_checked(excerpt_corpus, tmp_path, capsys):
+    cfg_file = tmp_path / "tiny.toml"
+    target = (GOLDEN_EVAL[10] + GOLDEN_EVAL[20]) / 2
+    cfg_file.write_text(f"[train]\ntarget_eval_loss = {target}\nmax_steps = 40\n")
+    args = ["bench", "--runs", "3", "--out", str(tmp_path / "bench"), "--config", str(cfg_file)]
+    over = [a for o in tiny_overrides(excerpt_corpus) for a in ("--set", o)]
+    assert main(args + over) == 0
+    summary = json.loads((tmp_path / "bench" / "summary.json").read_text())
+    assert summary["n_converged"] == 3 and summary["converged_all"] and summary["compliant_all"]
+    times = sorted(r["time_to_train_s"] for r in summary["runs"])
+    assert summary["score_s"] == pytest.approx(times[1], rel=1e-6)  # olympic mean of 3 = median
+    assert len({r["seed"] for r in summary["runs"]}) == 3
+    assert "score" in capsys.readouterr().out.lower()
+
