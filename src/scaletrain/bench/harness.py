@@ -305,8 +305,9 @@ def _print_summary(console: Any, summary: dict) -> None:
     from rich.table import Table
 
     table = Table(title=f"MLPerf {summary['benchmark']} (ruleset {summary['ruleset']})")
-    for col in ("run", "seed", "status", "evals", "steps", "time to train", "final eval loss", "checker"):
-        table.add_column(col, justify="right" if col not in ("status", "checker") else "left")
+    for col in ("run", "seed", "status", "evals", "steps", "time to train", "eval loss", "checker", "score"):
+        table.add_column(col, justify="right" if col not in ("status", "checker", "score") else "left",
+                         no_wrap=True)
     dropped = set(summary["dropped"])
     for r in summary["runs"]:
         ok = r["compliance"]["ok"]
@@ -314,8 +315,9 @@ def _print_summary(console: Any, summary: dict) -> None:
         status = "[green]success[/green]" if r["status"] == C.SUCCESS else f"[red]{r['status']}[/red]"
         ttt = "-" if r["time_to_train_s"] is None else f"{r['time_to_train_s']:.1f} s"
         loss = "-" if r["eval_loss"] is None else f"{r['eval_loss']:.4f}"
-        run = f"{r['run']}{' (dropped)' if r['run'] in dropped else ''}"
-        table.add_row(run, str(r["seed"]), status, str(len(r["evals"])), str(r["steps"]), ttt, loss, verdict)
+        counted = "dropped" if r["run"] in dropped else "counted"
+        table.add_row(str(r["run"]), str(r["seed"]), status, str(len(r["evals"])), str(r["steps"]), ttt, loss,
+                      verdict, counted)
     console.print(table)
     for r in summary["runs"]:
         if r.get("reason"):
