@@ -10,6 +10,12 @@ from rich.table import Table
 from scaletrain.config import Config
 
 
+def default_console() -> Console:
+    """Console for tables: the terminal's width, or 120 columns when output goes to a file or pipe."""
+    import sys
+    return Console() if sys.stdout.isatty() else Console(width=120)
+
+
 def _make_engine(cfg: Config, seed: int, run_dir: Path):
     from scaletrain.train.engine import Trainer
     return Trainer(cfg, run_dir, seed=seed)
@@ -18,7 +24,7 @@ def _make_engine(cfg: Config, seed: int, run_dir: Path):
 def train(cfg: Config, console: Console | None = None) -> dict:
     """One run to the target: config.json, metrics.jsonl, mllog.txt, result.json and TensorBoard in train.run_dir."""
     from scaletrain.bench.harness import run_once
-    console = console or Console()
+    console = console or default_console()
     run_dir = Path(cfg.train.run_dir)
     cfg.save(run_dir)
     engine = _make_engine(cfg, cfg.train.seed, run_dir)
@@ -36,7 +42,7 @@ def train(cfg: Config, console: Console | None = None) -> dict:
 def bench(cfg: Config, out_dir: Path, console: Console | None = None) -> dict:
     """cfg.bench.runs runs with distinct seeds under out_dir/run_i, checked and scored into summary.json."""
     from scaletrain.bench.harness import run_benchmark
-    return run_benchmark(cfg, _make_engine, out_dir, console=console)
+    return run_benchmark(cfg, _make_engine, out_dir, console=console or default_console())
 
 
 def _fmt(value) -> str:
