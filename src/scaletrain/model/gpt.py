@@ -12,8 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scaletrain.config import ModelConfig
-
-IGNORE_INDEX = -100
+from scaletrain.data.samples import IGNORE_INDEX  # the label convention is the data's; the loss honours it
 
 
 class Attention(nn.Module):
