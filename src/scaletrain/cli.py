@@ -96,7 +96,8 @@ def cmd_config(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The `scaletrain` argument parser (every subcommand has --help)."""
-    parser = argparse.ArgumentParser(prog="scaletrain", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="scaletrain", description="Train GPT-3-architecture models and benchmark them the MLPerf Training way.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train one run to the quality target", description=cmd_train.__doc__)
