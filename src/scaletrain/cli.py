@@ -27,13 +27,33 @@ def _config(args) -> "object":
 
 
 def cmd_train(args) -> int:
-    """One training run with MLLOG, metrics and result.json in the run directory."""
-    from scaletrain.train.run import train
+    """One training run with MLLOG, metrics and result.json in the run directory.
+
+    Launch with torchrun for several ranks; --dry-run validates the layout for --world-size ranks instead.
+    """
     cfg = _config(args)
     if args.run_dir:
         cfg.train.run_dir = args.run_dir
+    if args.dry_run:
+        return _dry_run(cfg, args)
+    from scaletrain.train.run import train
     result = train(cfg)
     return 0 if result["status"] == "success" else 1
+
+
+def _dry_run(cfg, args) -> int:
+    import json
+
+    from scaletrain.parallel.dry_run import check_fits, dry_run
+    from scaletrain.train.distributed import launched_world_size
+    from scaletrain.train.run import print_dry_run
+    result = dry_run(cfg, args.world_size or launched_world_size(), args.gpu)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_dry_run(result)
+    check_fits(result)
+    return 0
 
 
 def cmd_bench(args) -> int:
@@ -103,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train one run to the quality target", description=cmd_train.__doc__)
     _add_config_args(p)
     p.add_argument("--run-dir", help="run directory (default: train.run_dir)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate the parallel layout on a fake process group and estimate memory per GPU; no training")
+    p.add_argument("--world-size", type=int, default=0, help="ranks for --dry-run (default: $WORLD_SIZE or 1)")
+    p.add_argument("--gpu", default="h100", help="device whose memory --dry-run checks against (default h100; "
+                   "a100, h100, h200, b200, gb200, gb300)")
+    p.add_argument("--json", action="store_true", help="--dry-run: print the report as JSON")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("bench", help="MLPerf-style benchmark: N runs, checked logs, olympic score",
@@ -137,10 +163,54 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+SECTIONS = ("model", "data", "optim", "train", "parallel", "bench")
+
+
+def expand_field_flags(argv: list[str]) -> list[str]:
+    """Turn `--section.field VALUE` and `--section.field=VALUE` into `--set section.field=VALUE`.
+
+    So `torchrun ... -m scaletrain train --parallel.tp 2` reads like any other flag.
+    """
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        head = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
+        if "." in head and head.split(".", 1)[0] in SECTIONS:
+            if "=" in arg:
+                out += ["--set", arg[2:]]
+            elif i + 1 < len(argv):
+                out += ["--set", f"{head}={argv[i + 1]}"]
+                i += 1
+            else:
+                raise ConfigError(f"{arg}: missing value")
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `scaletrain` command."""
-    from scaletrain.data.indexed import DataError
+    try:
+        argv = expand_field_flags(list(sys.argv[1:] if argv is None else argv))
+    except ConfigError as exc:
+        print(f"scaletrain: error: {exc}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    finally:
+        _leave_process_group()
+
+
+def _leave_process_group() -> None:
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _run(args) -> int:
+    from scaletrain.data.indexed import DataError
     try:
         return args.func(args)
     except (ConfigError, DataError, FileNotFoundError) as exc:

@@ -142,6 +142,30 @@ class TrainConfig:
 
 
 @dataclass
+class ParallelConfig:
+    dp_replicate: int = 1
+    """Data-parallel replicas: DDP when dp_shard is 1 (and tp, cp are 1), else HSDP's replicate dimension."""
+    dp_shard: int = -1
+    """FSDP2 shard degree; -1 = whatever the world size leaves after the other degrees."""
+    tp: int = 1
+    """Tensor-parallel degree: column/row-split attention and MLP, vocabulary-parallel embedding and loss."""
+    sequence_parallel: bool = True
+    """With tp > 1, split LayerNorm regions along the sequence (reduce-scatter/all-gather instead of all-reduce)."""
+    pp: int = 1
+    """Pipeline-parallel stages across ranks (torch.distributed.pipelining)."""
+    pp_virtual: int = 1
+    """Virtual pipeline stages per pipeline rank; > 1 needs pp_schedule "interleaved_1f1b"."""
+    pp_schedule: str = "1f1b"
+    """Pipeline schedule: "gpipe", "1f1b" or "interleaved_1f1b"; micro-batches are train.micro_batch_size."""
+    cp: int = 1
+    """Context-parallel degree: each rank holds a load-balanced 1/cp of every sequence; attention gathers K/V."""
+    activation_checkpoint: str = "none"
+    """Recompute in backward: "none", "full" (whole blocks) or "selective" (keep matmul/attention outputs)."""
+    fsdp_reshard_after_forward: bool = True
+    """FSDP2: free gathered parameters after forward (ZeRO-3); False keeps them to backward (ZeRO-2-like)."""
+
+
+@dataclass
 class BenchConfig:
     benchmark: str = "gpt3"
     """MLPerf benchmark rules to follow: "gpt3" (official, ruleset 4.1.0) or "gpt3-proxy" (CPU proxy rules file)."""
@@ -167,6 +191,8 @@ class Config:
     """Optimizer and LR rule."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """Training loop."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Parallel layout (degrees multiply to the world size)."""
     bench: BenchConfig = field(default_factory=BenchConfig)
     """MLPerf benchmark protocol."""
     preset: str = ""
@@ -242,9 +268,20 @@ def _problems(c: Config):
         yield f"bench.benchmark={b.benchmark!r}: must be one of {sorted(BENCHMARKS)}"
     if b.runs <= 0:
         yield f"bench.runs={b.runs}: must be > 0"
+    p = c.parallel
+    for name in ("dp_replicate", "tp", "pp", "pp_virtual", "cp"):
+        if getattr(p, name) < 1:
+            yield f"parallel.{name}={getattr(p, name)}: must be >= 1"
+    if p.dp_shard == 0 or p.dp_shard < -1:
+        yield f"parallel.dp_shard={p.dp_shard}: must be >= 1, or -1 for the rest of the world size"
+    if p.pp_schedule not in PP_SCHEDULES:
+        yield f"parallel.pp_schedule={p.pp_schedule!r}: must be one of {list(PP_SCHEDULES)}"
+    if p.activation_checkpoint not in ("none", "full", "selective"):
+        yield f"parallel.activation_checkpoint={p.activation_checkpoint!r}: must be 'none', 'full' or 'selective'"
 
 
 BENCHMARKS = ("gpt3", "gpt3-proxy")
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
 
 # ---------------------------------------------------------------- presets and overrides

@@ -50,10 +50,36 @@ def test_init_std_and_tied_head():
     x = torch.randint(0, cfg.vocab_size, (2, 16))
     logits = model(x)
     assert logits.shape == (2, 16, cfg.padded_vocab)
-    expected = torch.nn.functional.linear(model.ln_f(model.tok_emb(x) + model.pos_emb(torch.arange(16))
-                                                     + 0), model.tok_emb.weight)
+    expected = torch.nn.functional.linear(model.ln_f(model.embed.tok(x) + model.embed.pos(torch.arange(16))),
+                                          model.embed.tok.weight)
     assert not torch.allclose(logits, expected)  # blocks do contribute
-    assert model.tok_emb.weight.grad is None
+    assert model.head.weight is model.embed.tok.weight and model.head_is_tied
+    assert len(list(model.parameters())) == len(set(map(id, model.parameters())))
+
+
+def test_init_is_a_function_of_seed_and_name():
+    cfg = tiny()
+    a, b, c = GPT(cfg, seed=3), GPT(cfg, seed=3), GPT(cfg, seed=4)
+    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
+        assert torch.equal(pa, pb), name
+        if pa.std() > 0:
+            assert not torch.equal(pa, pc), name
+    # Distinct parameters draw from distinct streams.
+    assert not torch.equal(a.blocks["0"].mlp.fc.weight[:64], a.blocks["1"].mlp.fc.weight[:64])
+    # Statistics of the counter-based normal generator.
+    w = torch.cat([p.flatten() for n, p in a.named_parameters() if n.endswith("weight") and p.dim() == 2])
+    assert abs(w.mean().item()) < 2e-4 and abs(w.std().item() / cfg.init_std - 1) < 0.01
+    # Meta build, then materialise and re-init: identical to the eager build.
+    with torch.device("meta"):
+        m = GPT(cfg, seed=3)
+    m.to_empty(device="cpu")
+    assert not m.head_is_tied  # to_empty replaces parameters one module at a time
+    m.tie_weights()
+    assert m.head_is_tied
+    m.init_weights(3)
+    for (name, pa), pm in zip(a.named_parameters(), m.parameters()):
+        assert torch.equal(pa, pm), name
+
 
 
 def test_causal():
@@ -95,7 +121,7 @@ def test_logits_equal_huggingface_gpt2():
                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5,
                                      bos_token_id=None, eos_token_id=None)
     hf = transformers.GPT2LMHeadModel(hf_cfg).eval()
-    sd = {"transformer.wte.weight": ours.tok_emb.weight, "transformer.wpe.weight": ours.pos_emb.weight,
+    sd = {"transformer.wte.weight": ours.embed.tok.weight, "transformer.wpe.weight": ours.embed.pos.weight,
           "transformer.ln_f.weight": ours.ln_f.weight, "transformer.ln_f.bias": ours.ln_f.bias}
     names = {"ln1": "ln_1", "ln2": "ln_2", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj",
              "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
@@ -103,8 +129,13 @@ def test_logits_equal_huggingface_gpt2():
         for ours_name, hf_name in names.items():
             mod = block.get_submodule(ours_name)
             transpose = not ours_name.startswith("ln")  # HF's Conv1D stores (in, out)
-            sd[f"transformer.h.{i}.{hf_name}.weight"] = mod.weight.T if transpose else mod.weight
-            sd[f"transformer.h.{i}.{hf_name}.bias"] = mod.bias
+            weight, bias = mod.weight, mod.bias
+            if ours_name == "attn.qkv":  # ours (head, q|k|v, head_dim) -> HF (q|k|v, head, head_dim)
+                h, d = cfg.n_heads, cfg.d_model
+                weight = weight.view(h, 3, d // h, d).transpose(0, 1).reshape(3 * d, d)
+                bias = bias.view(h, 3, d // h).transpose(0, 1).reshape(3 * d)
+            sd[f"transformer.h.{i}.{hf_name}.weight"] = weight.T if transpose else weight
+            sd[f"transformer.h.{i}.{hf_name}.bias"] = bias
     missing, unexpected = hf.load_state_dict({k: v.detach().clone() for k, v in sd.items()}, strict=False)
     assert not unexpected and all("lm_head" in k or "attn.bias" in k or "masked_bias" in k for k in missing)
     hf.tie_weights()

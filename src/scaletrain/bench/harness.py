@@ -97,23 +97,25 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def run_once(cfg: Config, engine: Engine, run_dir: str | Path, dp_size: int = 1,
-             platform: str | None = None) -> dict:
+             platform: str | None = None, writer: bool = True) -> dict:
     """One timed run of cfg.bench.benchmark with `engine`; writes run_dir/mllog.txt and run_dir/result.json.
 
     Stops with status "success" at the first evaluation <= cfg.train.target_eval_loss, or "aborted" on a
     non-finite training/eval loss or when the step budget (train.max_steps, 0 = until the decay ends) runs out.
     Returns the result dict (also passed to engine.finish). Other exceptions are logged as an aborted run,
     recorded in result.json under "error", passed to engine.finish, and re-raised.
+    `writer=False` (every rank but 0 of a distributed run) steps the engine in lockstep and writes no file.
     """
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if writer:
+        run_dir.mkdir(parents=True, exist_ok=True)
     _check_engine(cfg, engine)
     platform = platform or cfg.bench.platform or default_platform(cfg, dp_size)
     every, limit, tps = eval_every_steps(cfg), max_benchmark_steps(cfg), tokens_per_step(cfg)
     target = cfg.train.target_eval_loss
     state: dict[str, Any] = {"status": None, "reason": None, "steps": 0, "evals": [], "last": {},
                              "t_start": None, "t_stop": None, "error": None}
-    log = MLLogWriter(run_dir / "mllog.txt")
+    log = MLLogWriter(run_dir / "mllog.txt" if writer else None)
     try:
         try:
             _protocol(cfg, engine, log, state, dp_size, platform, every, limit, tps, target)
@@ -123,7 +125,8 @@ def run_once(cfg: Config, engine: Engine, run_dir: str | Path, dp_size: int = 1,
                 state["status"], state["reason"] = C.ABORTED, f"crashed: {state['error']}"
                 state["t_stop"] = log.end(C.RUN_STOP, metadata={"status": C.ABORTED, "reason": state["reason"]})
             result = _result(cfg, state, tps, run_dir)
-            _write_json(run_dir / "result.json", result)
+            if writer:
+                _write_json(run_dir / "result.json", result)
             try:  # let the engine close its writers; its own failure must not hide the original one
                 engine.finish(result)
             except Exception:
@@ -132,7 +135,8 @@ def run_once(cfg: Config, engine: Engine, run_dir: str | Path, dp_size: int = 1,
     finally:
         log.close()
     result = _result(cfg, state, tps, run_dir)
-    _write_json(run_dir / "result.json", result)
+    if writer:
+        _write_json(run_dir / "result.json", result)
     engine.finish(result)
     return result
 
@@ -237,18 +241,20 @@ def derive_seeds(base: int, n: int) -> list[int]:
 
 def run_benchmark(cfg: Config, make_engine: Callable[[Config, int, Path], Engine], out_dir: str | Path,
                   seeds: list[int] | None = None, console: Any = None, *, dp_size: int = 1,
-                  platform: str | None = None) -> dict:
+                  platform: str | None = None, writer: bool = True) -> dict:
     """cfg.bench.runs timed runs (or one per given seed) in out_dir/run_<i>/, each checked and then scored.
 
     Each run gets a copy of cfg with its seed and run_dir set, saved as run_<i>/config.json before
     `make_engine(run_cfg, seed, run_dir)` builds its engine. Prints a rich table and the olympic score;
-    writes out_dir/summary.json and returns it.
+    writes out_dir/summary.json and returns it. With `writer=False` (ranks other than 0) the runs are stepped
+    in lockstep but nothing is written, checked or printed, and the summary is not scored.
     """
     from rich.console import Console
 
     console = console or Console()
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if writer:
+        out_dir.mkdir(parents=True, exist_ok=True)
     seeds = list(seeds) if seeds is not None else derive_seeds(cfg.train.seed, cfg.bench.runs)
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct and non-empty, got {seeds}")
@@ -259,17 +265,21 @@ def run_benchmark(cfg: Config, make_engine: Callable[[Config, int, Path], Engine
         run_cfg = copy.deepcopy(cfg)
         run_cfg.train.seed = int(seed)
         run_cfg.train.run_dir = str(run_dir)
-        run_cfg.save(run_dir)
-        console.print(f"[bold]run {i}[/bold] seed {seed} -> {run_dir}")
+        if writer:
+            run_cfg.save(run_dir)
+            console.print(f"[bold]run {i}[/bold] seed {seed} -> {run_dir}")
         result = run_once(run_cfg, make_engine(run_cfg, int(seed), run_dir), run_dir,
-                          dp_size=dp_size, platform=platform)
+                          dp_size=dp_size, platform=platform, writer=writer)
         compliance: dict[str, Any] = {"ok": None, "command": None}
-        if cfg.bench.check:
+        if cfg.bench.check and writer:
             check = check_log(run_dir / "mllog.txt", cfg.bench.benchmark)
             (run_dir / "compliance.txt").write_text(check.output)
             compliance = {"ok": check.ok, "command": check.command}
         runs.append({"run": i, **result, "compliance": compliance})
 
+    if not writer:
+        return {"benchmark": cfg.bench.benchmark, "runs": runs, "writer": False,
+                "converged_all": all(r["status"] == C.SUCCESS for r in runs)}
     score = olympic_score([(r["time_to_train_s"], r["status"] == C.SUCCESS) for r in runs])
     seed_check = _seed_check([r["mllog"] for r in runs]) if cfg.bench.check else None
     compliant_all = (all(r["compliance"]["ok"] for r in runs) and bool(seed_check)) if cfg.bench.check else None

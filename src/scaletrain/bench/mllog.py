@@ -43,17 +43,22 @@ class MLLogWriter:
     these methods to name the helper's caller k frames further up instead.
     """
 
-    def __init__(self, path: str | Path, echo: bool = False, mode: str = "w") -> None:
-        """Open `path` for MLLOG lines; `echo=True` also mirrors every line to stdout."""
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: str | Path | None, echo: bool = False, mode: str = "w") -> None:
+        """Open `path` for MLLOG lines; `echo=True` also mirrors every line to stdout.
+
+        `path=None` keeps the clock and the checks but writes nothing: the non-zero ranks of a distributed run.
+        """
+        self.path = Path(path) if path is not None else None
         # A unique name per writer: logging.getLogger caches by name, and two writers on one logger would share handlers.
         self._logger = logging.getLogger(f"scaletrain.mllog.{next(_ids)}")
         self._logger.setLevel(logging.INFO)
         self._logger.propagate = False
         self._handlers: list[logging.Handler] = []
-        file_handler = logging.FileHandler(self.path, mode=mode, encoding="utf-8")
-        self._handlers.append(file_handler)
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._handlers.append(logging.FileHandler(self.path, mode=mode, encoding="utf-8"))
+        else:
+            self._handlers.append(logging.NullHandler())
         if echo:
             self._handlers.append(logging.StreamHandler(sys.stdout))
         for handler in self._handlers:

@@ -16,7 +16,21 @@ DENSE_BF16_PEAK_TFLOPS = {
     "h200": 989.0,
     "b200": 2250.0,
     "gb200": 2500.0,
+    "gb300": 2500.0,
 }
+
+
+def peak_tflops(device) -> tuple[str, float] | None:
+    """(table key, dense bf16 TFLOP/s) of a CUDA device from its name, or None (CPU, unknown GPU: no MFU)."""
+    if getattr(device, "type", device) != "cuda":
+        return None
+    import torch
+    name = torch.cuda.get_device_name(device).lower()
+    # Longest key first, so "gb200" wins over "b200" and "h200" over nothing shorter.
+    for key in sorted(DENSE_BF16_PEAK_TFLOPS, key=len, reverse=True):
+        if key in name.replace(" ", "").replace("-", ""):
+            return key, DENSE_BF16_PEAK_TFLOPS[key]
+    return None
 
 
 def num_params(cfg: ModelConfig, include_embeddings: bool = True) -> int:

@@ -1,8 +1,12 @@
-"""The training engine: model, optimizer, data and metrics of one run, stepped by the benchmark harness.
+"""The training engine: model parts, optimizer, data and metrics of one run, stepped by the benchmark harness.
 
-One `train_step()` is one optimizer step over one global batch (micro-batches accumulated); `evaluate()` covers
-the whole validation set. `init()` is the untimed part of an MLPerf run: build, warm up on synthetic data, then
-put model, optimizer and data position back exactly where a cold start with this seed would have them.
+One `train_step()` is one optimizer step over one global batch; `evaluate()` covers the whole validation set.
+`init()` is the untimed part of an MLPerf run: join the mesh, build and parallelize the model, warm up on
+synthetic data, then put weights, optimizer and data position back exactly where a cold start would have them.
+
+The same code runs one process or any layout of ranks: each data-parallel rank reads its slice of the global
+batch, the loss of a step is normalised by the global label count, and gradients are summed (not averaged)
+over data and context parallel ranks, so the loss and the update do not depend on the layout.
 """
 
 from __future__ import annotations
@@ -14,12 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from scaletrain.bench.harness import NonFiniteLoss
 from scaletrain.config import Config
-from scaletrain.model.flops import flops_per_token
-from scaletrain.model.gpt import GPT, IGNORE_INDEX, loss_sum
-from scaletrain.train.host import setup_cpu
+from scaletrain.data.samples import IGNORE_INDEX
+from scaletrain.model.flops import flops_per_token, peak_tflops
+from scaletrain.model.gpt import loss_sum
+from scaletrain.parallel.layout import Layout
+from scaletrain.train.distributed import init_distributed, local_rank
+from scaletrain.train.grad_norm import align_grad_placements, clip_grads_, total_grad_norm
+from scaletrain.train.host import peak_memory_gib, setup_cpu
 from scaletrain.train.metrics import MetricsLogger
 from scaletrain.train.optim import build_optimizer, lr_at, set_lr
 
@@ -33,11 +42,13 @@ class Datasets:
 
 
 def resolve_device(name: str) -> torch.device:
-    """'auto' -> CUDA when present, else CPU; 'cuda' without a GPU is a clear error."""
+    """'auto' -> this rank's CUDA device when present, else CPU; 'cuda' without a GPU is a clear error."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("train.device='cuda' but no CUDA device is available")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("train.device='cuda' but no CUDA device is available")
+        return torch.device("cuda", local_rank())
     return torch.device(name)
 
 
@@ -51,7 +62,7 @@ def load_datasets(cfg: Config, seed: int) -> Datasets:
 
 
 class Trainer:
-    """Implements the harness's Engine protocol for one process (data-parallel size 1)."""
+    """Implements the harness's Engine protocol on one process or on every rank of a layout (cfg.parallel)."""
 
     def __init__(self, cfg: Config, run_dir: str | Path, seed: int | None = None, datasets: Datasets | None = None):
         self.cfg = cfg
@@ -60,80 +71,118 @@ class Trainer:
         self.seq_len = cfg.model.seq_len
         self.global_batch_size = cfg.train.global_batch_size
         self.micro_batch_size = cfg.train.micro_batch_size
-        self.accum = self.global_batch_size // self.micro_batch_size
         self.device = resolve_device(cfg.train.device)
+        self.rank, self.world_size = init_distributed(self.device)
+        self.layout = Layout.from_config(cfg, self.world_size)  # raises before any work with every problem
+        self.accum = self.global_batch_size // self.layout.dp // self.micro_batch_size
         self.data = datasets if datasets is not None else load_datasets(cfg, self.seed)
         self.eval_tokens = int(self.data.valid.num_label_tokens)
         self.flops_per_token = flops_per_token(cfg.model)
-        self.model: GPT | None = None
+        self.peak = peak_tflops(self.device)
+        self.mesh = None
+        self.pm = None
+        self.schedule = None
         self.optimizer = None
         self.metrics: MetricsLogger | None = None
         self.step = 0  # optimizer steps taken since run start
+        self._loss_scale = 1.0
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """This rank's model when it holds one part (no pipeline parallelism); see `pm.parts` otherwise."""
+        if self.pm is None or len(self.pm.parts) != 1:
+            raise AttributeError("the model is split into pipeline stages: use trainer.pm.parts")
+        return self.pm.parts[0]
+
+    @property
+    def platform(self) -> str:
+        """submission_platform: '<world size>x<device name>'."""
+        name = torch.cuda.get_device_name(self.device).replace(" ", "-") if self.device.type == "cuda" else "CPU"
+        return f"{self.world_size}x{name}"
 
     # ------------------------------------------------------------------ engine protocol
     def init(self) -> None:
-        """Untimed: threads, seeded build, warm-up on synthetic tokens, then reset to the cold-start state."""
+        """Untimed: threads, mesh, parallelized build, warm-up on synthetic tokens, reset to the cold-start state."""
+        from scaletrain.parallel.parallelize import parallelize
         if self.device.type == "cpu":
-            setup_cpu(self.cfg.train.threads)
-        torch.manual_seed(self.seed)
-        self.model = GPT(self.cfg.model).to(self.device)
-        if self.cfg.train.compile:
-            for name, block in list(self.model.blocks.items()):
-                self.model.blocks[name] = torch.compile(block)
-        initial = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self.optimizer = build_optimizer(self.model.parameters(), self.cfg.optim, self.device.type)
+            setup_cpu(self._threads())
+        if self.world_size > 1:
+            self.mesh = self.layout.build_mesh(self.device.type)
+        self._coords()
+        self.pm, self.schedule = parallelize(self.cfg, self.layout, self.mesh, self.device, self.seed,
+                                             loss_fn=self._pipeline_loss)
+        self.optimizer = build_optimizer(self.pm.parameters(), self.cfg.optim, self.device.type)
         self._warm_up()
-        # Reset: warm-up touched weights and optimizer moments; a fresh optimizer and the saved weights make the
-        # timed run identical to one that never warmed up.
-        self.model.load_state_dict(initial)
-        self.optimizer = build_optimizer(self.model.parameters(), self.cfg.optim, self.device.type)
+        # Reset: the init is a pure function of (seed, name, index), so re-running it restores the exact
+        # cold-start weights; a fresh optimizer drops the warm-up's moments.
+        with torch.no_grad():
+            for part in self.pm.parts:
+                part.init_weights(self.seed)
+        self.optimizer = build_optimizer(self.pm.parameters(), self.cfg.optim, self.device.type)
         self.step = 0
-        self.metrics = MetricsLogger(self.run_dir, total_steps=self._planned_steps(),
-                                     progress=self.cfg.train.progress)
-        self._t_last = time.perf_counter()
+        if self.rank == 0:
+            self.metrics = MetricsLogger(self.run_dir, total_steps=self._planned_steps(),
+                                         progress=self.cfg.train.progress)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        if self.world_size > 1:
+            dist.barrier()  # run_start is stamped right after init: every rank starts the clock together
 
     def train_step(self) -> dict:
         """One optimizer step on the next global batch; raises NonFiniteLoss before touching the weights."""
         t0 = time.perf_counter()
         consumed = self.step * self.global_batch_size
-        batches = [self.data.train.rank_batch(consumed, self.global_batch_size, 0, 1, self.micro_batch_size, i)
-                   for i in range(self.accum)]
+        batches = [self.data.train.rank_batch(consumed, self.global_batch_size, self.dp_rank, self.layout.dp,
+                                              self.micro_batch_size, i) for i in range(self.accum)]
         loss = self._forward_backward(batches)
         step_number = self.step + 1
         if not math.isfinite(loss):
             raise NonFiniteLoss(step_number, loss)
-        grad_norm = self._clip()
+        params = list(self.pm.parameters())
+        align_grad_placements(params)
+        if self.pm.tied is not None:
+            self.pm.tied()
+        pp_group = self.mesh["pp"].get_group() if self.layout.pp > 1 else None
+        grad_norm = total_grad_norm(params, pp_group, self.pm.tied.is_duplicate if self.pm.tied else None)
         if not math.isfinite(grad_norm):
             raise NonFiniteLoss(step_number, grad_norm)
+        clip_grads_(params, self.cfg.optim.grad_clip, grad_norm)
         lr = lr_at(self.cfg.optim.init_checkpoint_step(self.global_batch_size) + step_number,
                    self.cfg.optim, self.global_batch_size)
         set_lr(self.optimizer, lr)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step = step_number
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
         tokens_per_s = self.global_batch_size * self.seq_len / dt
         record = {"step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                   "tokens": self.step * self.global_batch_size * self.seq_len,
                   "tokens_per_s": tokens_per_s, "step_time_s": dt,
-                  "model_tflops": tokens_per_s * self.flops_per_token / 1e12}
-        if self.step % self.cfg.train.log_interval == 0:
+                  "model_tflops": tokens_per_s * self.flops_per_token / 1e12,
+                  "model_tflops_per_device": tokens_per_s * self.flops_per_token / 1e12 / self.world_size,
+                  "peak_mem_gib": peak_memory_gib(self.device)}
+        if self.peak is not None:
+            record["mfu"] = record["model_tflops_per_device"] / self.peak[1]
+            record["mfu_peak"] = f"{self.peak[0]} dense bf16 {self.peak[1]:g} TFLOP/s"
+        if self.metrics is not None and self.step % self.cfg.train.log_interval == 0:
             self.metrics.log(record)
         return record
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Token-weighted mean cross-entropy over the whole validation set."""
-        self.model.eval()
+        """Token-weighted mean cross-entropy over the whole validation set (identical on every rank)."""
+        for part in self.pm.parts:
+            part.eval()
         total = torch.zeros((), dtype=torch.float64, device=self.device)
-        for inputs, labels in self.data.valid.batches(self.micro_batch_size):
-            inputs, labels = inputs.to(self.device), labels.to(self.device)
-            with self._autocast():
-                total += loss_sum(self.model(inputs), labels).double()
-        self.model.train()
-        value = total.item() / self.eval_tokens
-        self.metrics.log({"step": self.step, "eval_loss": value,
-                          "tokens": self.step * self.global_batch_size * self.seq_len})
+        for inputs, labels in self._eval_batches():
+            total += self._eval_loss_sum(inputs, labels)
+        self._end_eval()
+        value = self._sum_over_ranks(total) / self.eval_tokens
+        if self.metrics is not None:
+            self.metrics.log({"step": self.step, "eval_loss": value,
+                              "tokens": self.step * self.global_batch_size * self.seq_len})
         return value
 
     def finish(self, result: dict) -> None:
@@ -141,48 +190,160 @@ class Trainer:
         if self.metrics is not None:
             self.metrics.close()
 
-    # ------------------------------------------------------------------ internals
+    def _end_eval(self) -> None:
+        # A forward without backward leaves FSDP units that skip resharding after forward (the last block, the
+        # root) holding gathered copies; free them so the next write to the shards (optimizer, reset) is what the
+        # next forward gathers.
+        from torch.distributed.fsdp import FSDPModule
+        for part in self.pm.parts:
+            part.train()
+            for module in part.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
+
+    # ------------------------------------------------------------------ layout helpers
+    def _coords(self) -> None:
+        m = self.mesh
+        self.dp_rank = m["dp"].get_local_rank() if m is not None else 0
+        self.cp_rank = m["cp"].get_local_rank() if m is not None else 0
+        tp_rank = m["tp"].get_local_rank() if m is not None else 0
+        pp_rank = m["pp"].get_local_rank() if m is not None else 0
+        # Exactly one rank per (dp, cp) coordinate reports each loss: tensor-parallel peers hold the same value
+        # and only the last pipeline rank has one.
+        self._reports_loss = tp_rank == 0 and pp_rank == self.layout.pp - 1
+
+    def _threads(self) -> int:
+        import os
+        per_node = self.cfg.train.threads
+        if not per_node:
+            return 0
+        return max(1, per_node // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+    def _shard(self, t: torch.Tensor) -> torch.Tensor:
+        """This context-parallel rank's share of a [batch, seq] tensor."""
+        if self.layout.cp == 1:
+            return t
+        from scaletrain.parallel.context_parallel import shard_sequence
+        return shard_sequence(t, self.layout.cp, self.cp_rank)
+
+    def _context(self):
+        stack = contextlib.ExitStack()
+        if self.cfg.train.dtype == "bf16" and not self.pm.uses_fsdp_mixed_precision:
+            stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
+        if self.layout.tp > 1:
+            from torch.distributed.tensor.parallel import loss_parallel
+            stack.enter_context(loss_parallel())  # cross-entropy on vocabulary-sharded logits, never gathered
+        return stack
+
+    @staticmethod
+    def _scalar(t: torch.Tensor) -> torch.Tensor:
+        return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+    def _sum_over_ranks(self, value: torch.Tensor) -> float:
+        """Sum of `value` over (dp, cp) coordinates, counted once per coordinate; same result on every rank."""
+        if self.world_size == 1:
+            return float(value)
+        t = value.detach().to(torch.float64) * (1.0 if self._reports_loss else 0.0)
+        dist.all_reduce(t)
+        return float(t)
+
+    def _global_label_count(self, batches) -> int:
+        n = torch.tensor(sum(int((labels != IGNORE_INDEX).sum()) for _, labels in batches), dtype=torch.float64,
+                         device=self.device)
+        if self.layout.dp > 1:
+            dist.all_reduce(n, group=self.mesh["dp"].get_group())
+        return int(n)
+
+    # ------------------------------------------------------------------ forward/backward
     def _forward_backward(self, batches) -> float:
-        n_labels = sum(int((labels != IGNORE_INDEX).sum()) for _, labels in batches)
-        total = 0.0
+        # Gradients are averaged over the dp x cp ranks by DDP/FSDP; scaling by that size turns it into the sum
+        # of per-rank loss sums over the global label count, i.e. the single-process gradient.
+        self._loss_scale = self.layout.dp_cp / self._global_label_count(batches)
+        if self.schedule is not None:
+            return self._pipeline_step(batches)
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        model = self.pm.parts[0]
         for inputs, labels in batches:
-            inputs, labels = inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
-            with self._autocast():
-                logits = self.model(inputs)
-            # Normalise by the global label count so accumulation gives the same gradient as one big batch.
-            loss = loss_sum(logits, labels) / n_labels
-            loss.backward()
-            total += loss.item()
-        return total
+            inputs = self._shard(inputs.to(self.device, non_blocking=True))
+            labels = self._shard(labels.to(self.device, non_blocking=True))
+            with self._context():
+                loss = loss_sum(model(inputs), labels) * self._loss_scale
+                loss.backward()
+            total += self._scalar(loss.detach()).double()
+        return self._sum_over_ranks(total) / self.layout.dp_cp
 
-    def _clip(self) -> float:
-        clip = self.cfg.optim.grad_clip
-        max_norm = clip if clip > 0 else float("inf")
-        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+    def _pipeline_loss(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return loss_sum(output, labels) * self._loss_scale
 
-    def _autocast(self):
-        if self.cfg.train.dtype == "bf16":
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+    def _pipeline_step(self, batches) -> float:
+        inputs = self._shard(torch.cat([b[0] for b in batches]).to(self.device))
+        labels = self._shard(torch.cat([b[1] for b in batches]).to(self.device))
+        losses: list[torch.Tensor] = []
+        last = self.pm.has_last_stage(self.layout.num_stages)
+        with self._context():
+            args = (inputs,) if self.pm.has_first_stage else ()
+            self.schedule.step(*args, target=labels if last else None, losses=losses)
+        total = sum(self._scalar(x.detach()).double() for x in losses) if losses else torch.zeros(
+            (), dtype=torch.float64, device=self.device)
+        return self._sum_over_ranks(total) / self.layout.dp_cp
 
+    def _eval_loss_sum(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """This rank's summed cross-entropy of one evaluation batch (zero where no loss is computed)."""
+        inputs, labels = self._shard(inputs.to(self.device)), self._shard(labels.to(self.device))
+        if self.schedule is None:
+            with self._context():
+                return self._scalar(loss_sum(self.pm.parts[0](inputs), labels)).double()
+        self._loss_scale = 1.0
+        losses: list[torch.Tensor] = []
+        last = self.pm.has_last_stage(self.layout.num_stages)
+        with self._context():
+            args = (inputs,) if self.pm.has_first_stage else ()
+            self.schedule.eval(*args, target=labels if last else None, losses=losses)
+        if not losses:
+            return torch.zeros((), dtype=torch.float64, device=self.device)
+        return sum(self._scalar(x.detach()).double() for x in losses)
+
+    def _eval_batches(self):
+        """This dp rank's validation batches, padded to a fixed count and shape on every rank.
+
+        Equal counts keep collectives (FSDP gathers, pipeline sends) matched across ranks; a fixed shape keeps
+        pipeline buffers and compiled graphs valid. Padding rows carry no label.
+        """
+        valid, mbs, dp = self.data.valid, self.micro_batch_size, self.layout.dp
+        per_call = mbs * (self.accum if self.schedule is not None else 1)
+        n_calls = max(-(-(valid.rank_range(r, dp)[1] - valid.rank_range(r, dp)[0]) // per_call) for r in range(dp))
+        lo, hi = valid.rank_range(self.dp_rank, dp)
+        for i in range(n_calls):
+            start = lo + i * per_call
+            inputs = torch.zeros(per_call, self.seq_len, dtype=torch.long)
+            labels = torch.full((per_call, self.seq_len), IGNORE_INDEX, dtype=torch.long)
+            if start < hi:
+                x, y = valid.batch(start, min(per_call, hi - start))
+                inputs[: len(x)], labels[: len(y)] = x, y
+            yield inputs.to(self.device), labels.to(self.device)
+
+    # ------------------------------------------------------------------ warm-up
     def _warm_up(self, steps: int = 2) -> None:
-        gen = torch.Generator().manual_seed(self.seed)
+        gen = torch.Generator().manual_seed(self.seed + self.dp_rank)
         v = self.cfg.model.vocab_size
         for _ in range(steps):
-            x = torch.randint(0, v, (self.micro_batch_size, self.seq_len), generator=gen).to(self.device)
-            with self._autocast():
-                # Full-length synthetic batches so shapes (and any compiled graphs) match the timed run.
-                loss = loss_sum(self.model(x), x) / x.numel()
-            loss.backward()
+            batches = []
+            for _ in range(self.accum):
+                # Full-length synthetic batches so shapes (pipeline buffers, compiled graphs) match the timed run.
+                x = torch.randint(0, v, (self.micro_batch_size, self.seq_len), generator=gen)
+                batches.append((x, x))
+            self._forward_backward(batches)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        with torch.no_grad(), self._autocast():
-            self.model(x)
+        with torch.no_grad():
+            for part in self.pm.parts:
+                part.eval()
+            self._eval_loss_sum(*next(iter(self._eval_batches())))
+            self._end_eval()
         if self.device.type == "cuda":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)
 
     def _planned_steps(self) -> int:
         gbs = self.global_batch_size
         limit = self.cfg.optim.decay_steps(gbs) - self.cfg.optim.init_checkpoint_step(gbs)
         return self.cfg.train.max_steps or max(limit, 1)
-

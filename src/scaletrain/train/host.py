@@ -36,3 +36,11 @@ def setup_cpu(threads: int) -> None:
     # Denormal gradients slow CPU kernels badly and carry no information at these magnitudes.
     torch.set_flush_denormal(True)
     keep_freed_memory()
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak memory of this rank so far: CUDA allocator peak on a GPU, the process's peak RSS on CPU (GiB)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is KiB on Linux

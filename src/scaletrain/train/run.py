@@ -22,13 +22,24 @@ def _make_engine(cfg: Config, seed: int, run_dir: Path):
 
 
 def train(cfg: Config, console: Console | None = None) -> dict:
-    """One run to the target: config.json, metrics.jsonl, mllog.txt, result.json and TensorBoard in train.run_dir."""
+    """One run to the target: config.json, metrics.jsonl, mllog.txt, result.json and TensorBoard in train.run_dir.
+
+    Under torchrun every rank trains; rank 0 alone writes files and prints.
+    """
     from scaletrain.bench.harness import run_once
+    from scaletrain.train.distributed import is_writer
     console = console or default_console()
     run_dir = Path(cfg.train.run_dir)
-    cfg.save(run_dir)
-    engine = _make_engine(cfg, cfg.train.seed, run_dir)
-    result = run_once(cfg, engine, run_dir)
+    engine = _make_engine(cfg, cfg.train.seed, run_dir)  # joins the process group and validates the layout
+    writer = is_writer()
+    if writer:
+        cfg.save(run_dir)
+        console.print(f"layout: {engine.layout.describe()} ({engine.layout.data_parallel_kind}), "
+                      f"device {engine.device}")
+    result = run_once(cfg, engine, run_dir, dp_size=engine.layout.dp, platform=cfg.bench.platform or engine.platform,
+                      writer=writer)
+    if not writer:
+        return result
     table = Table(title=f"scaletrain train ({cfg.preset or 'custom'})")
     for column in ("status", "time to train", "steps", "tokens", "eval loss", "target"):
         table.add_column(column)
@@ -42,8 +53,51 @@ def train(cfg: Config, console: Console | None = None) -> dict:
 def bench(cfg: Config, out_dir: Path, console: Console | None = None) -> dict:
     """cfg.bench.runs runs with distinct seeds under out_dir/run_i, checked and scored into summary.json."""
     from scaletrain.bench.harness import run_benchmark
-    return run_benchmark(cfg, _make_engine, out_dir, console=console or default_console())
+    from scaletrain.parallel.layout import Layout
+    from scaletrain.train.distributed import init_distributed, is_writer
+    from scaletrain.train.engine import resolve_device
+    device = resolve_device(cfg.train.device)
+    _, world = init_distributed(device)
+    layout = Layout.from_config(cfg, world)  # every layout problem before the first run directory is made
+    name = torch_device_name(device)
+    return run_benchmark(cfg, _make_engine, out_dir, console=console or default_console(), dp_size=layout.dp,
+                         platform=cfg.bench.platform or f"{world}x{name}", writer=is_writer())
+
+
+def torch_device_name(device) -> str:
+    """'CPU' or the CUDA device name with dashes (as in submission_platform)."""
+    import torch
+    return torch.cuda.get_device_name(device).replace(" ", "-") if device.type == "cuda" else "CPU"
 
 
 def _fmt(value) -> str:
     return "-" if value is None else f"{value:.4f}"
+
+
+def print_dry_run(result: dict, console: Console | None = None) -> None:
+    """The --dry-run report: layout, per-rank parameter shards (grouped) and the memory estimate."""
+    console = console or default_console()
+    console.print(f"[bold]dry run[/bold] {result['layout']} ({result['data_parallel']}), "
+                  f"{result['world_size']:,} ranks, {result['device']} {result['device_memory_gib']:.1f} GiB")
+    for r in result["ranks"]:
+        table = Table(title=f"rank {r['rank']} {r['coords']} stages {r['stages']}")
+        for col in ("parameter", "global shape", "local shard", "count"):
+            table.add_column(col, justify="left" if col == "parameter" else "right")
+        groups: dict = {}
+        for s in r["shards"]:
+            # blocks.<i>.x -> blocks.*.x: one row per parameter kind, with how many blocks hold it.
+            parts = s["name"].split(".")
+            key = ".".join(["blocks", "*", *parts[2:]]) if parts[0] == "blocks" else s["name"]
+            entry = groups.setdefault((key, tuple(s["global"]), tuple(s["local"])), 0)
+            groups[(key, tuple(s["global"]), tuple(s["local"]))] = entry + 1
+        for (name, g, l), n in groups.items():
+            table.add_row(name, "x".join(map(str, g)), "x".join(map(str, l)), str(n))
+        console.print(table)
+        mem = r["memory_gib"]
+        console.print(f"  local parameters {r['local_params']:,}; layers {mem['layers_on_rank']}, "
+                      f"in-flight micro-batches {mem['in_flight_microbatches']:.2f}")
+        console.print("  memory estimate (GiB): " + ", ".join(
+            f"{k} {v:.2f}" for k, v in mem.items() if k not in ("total", "in_flight_microbatches", "layers_on_rank"))
+            + f" -> [bold]total {mem['total']:.1f}[/bold]")
+    verdict = "[green]fits[/green]" if result["fits"] else "[red]does not fit[/red]"
+    console.print(f"max {result['max_memory_gib']:.1f} GiB of {result['device_memory_gib']:.1f} GiB: {verdict}")

@@ -1,0 +1,209 @@
+"""The parallel layout of a run: degrees, their checks against world size and model, and the DeviceMesh.
+
+Mesh dimensions, outermost first (torchtitan's order, so tensor parallelism stays on the fastest links, i.e.
+inside an NVLink domain, and pipeline parallelism spans the slowest):
+
+    pp, dp_replicate, dp_shard, cp, tp
+
+Flattened views used by the trainer: "dp" = (dp_replicate, dp_shard) picks each rank's data slice;
+"dp_shard_cp" = (dp_shard, cp) is what FSDP shards over (context-parallel ranks hold the same weights);
+"dp_cp" = (dp_replicate, dp_shard, cp) is where gradients and losses are summed.
+The mesh is an object handed to whoever needs it; nothing here sets a process-group global.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scaletrain.config import Config, ConfigError
+
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+class LayoutError(ConfigError):
+    """A parallel layout does not fit the world size or the model; the message says which degree and why."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Resolved parallel degrees (dp_shard filled in) for a world of `world_size` ranks."""
+
+    world_size: int
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    pp: int = 1
+    pp_virtual: int = 1
+    cp: int = 1
+    pp_schedule: str = "1f1b"
+    sequence_parallel: bool = True
+
+    @classmethod
+    def from_config(cls, cfg: Config, world_size: int) -> "Layout":
+        """Resolve cfg.parallel for `world_size` ranks (dp_shard=-1 takes what is left); raises LayoutError."""
+        p = cfg.parallel
+        if world_size < 1:
+            raise LayoutError(f"world size {world_size}: must be >= 1")
+        others = p.dp_replicate * p.tp * p.pp * p.cp
+        dp_shard = p.dp_shard
+        if dp_shard == -1:
+            if others < 1 or world_size % others:
+                raise LayoutError(
+                    f"parallel degrees dp_replicate={p.dp_replicate} x tp={p.tp} x pp={p.pp} x cp={p.cp} = {others} "
+                    f"do not divide the world size {world_size}")
+            dp_shard = world_size // others
+        layout = cls(world_size=world_size, dp_replicate=p.dp_replicate, dp_shard=dp_shard, tp=p.tp, pp=p.pp,
+                     pp_virtual=p.pp_virtual, cp=p.cp, pp_schedule=p.pp_schedule,
+                     sequence_parallel=p.sequence_parallel)
+        layout.validate(cfg)
+        return layout
+
+    # ------------------------------------------------------------------ derived sizes
+    @property
+    def dp(self) -> int:
+        """Data-parallel size: ranks that read different samples."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def dp_cp(self) -> int:
+        """Ranks over which gradients are averaged (data and context parallel)."""
+        return self.dp * self.cp
+
+    @property
+    def num_stages(self) -> int:
+        """Pipeline stages in total (pp ranks x virtual stages each)."""
+        return self.pp * self.pp_virtual
+
+    @property
+    def degrees(self) -> dict[str, int]:
+        """Mesh dimension name -> degree, outermost first."""
+        return {name: getattr(self, name) for name in MESH_DIMS}
+
+    @property
+    def data_parallel_kind(self) -> str:
+        """"none", "ddp", "fsdp" or "hsdp": how replicas and shards of the weights are kept in step."""
+        if self.dp_shard * self.cp > 1:
+            return "hsdp" if self.dp_replicate > 1 else "fsdp"
+        if self.dp_replicate > 1:
+            # DDP cannot hold DTensor (tensor-parallel) weights: use FSDP2 with a replicate-only mesh instead.
+            return "ddp" if self.tp == 1 else "hsdp"
+        return "none"
+
+    def describe(self) -> str:
+        """One line, e.g. 'pp2(v2,interleaved_1f1b) x dp_shard2 x tp2(sp) = 8 ranks'."""
+        parts = []
+        for name, deg in self.degrees.items():
+            if deg > 1:
+                extra = ""
+                if name == "pp":
+                    extra = f"(v{self.pp_virtual},{self.pp_schedule})" if self.pp_virtual > 1 else f"({self.pp_schedule})"
+                if name == "tp" and self.sequence_parallel:
+                    extra = "(sp)"
+                parts.append(f"{name}{deg}{extra}")
+        return " x ".join(parts or ["single"]) + f" = {self.world_size} rank{'s' if self.world_size > 1 else ''}"
+
+    # ------------------------------------------------------------------ checks
+    def problems(self, cfg: Config) -> list[str]:
+        """Every reason this layout cannot train cfg, one line each (empty when it can)."""
+        m, t = cfg.model, cfg.train
+        out = []
+        product = 1
+        for deg in self.degrees.values():
+            product *= deg
+        if product != self.world_size:
+            out.append(" x ".join(f"{k}={v}" for k, v in self.degrees.items())
+                       + f" = {product}, but the world size is {self.world_size}")
+        if m.n_heads % self.tp:
+            out.append(f"parallel.tp={self.tp} does not divide model.n_heads={m.n_heads}")
+        if m.ffn_size % self.tp:
+            out.append(f"parallel.tp={self.tp} does not divide the MLP width {m.ffn_size}")
+        if m.padded_vocab % self.tp:
+            out.append(f"parallel.tp={self.tp} does not divide the padded vocabulary {m.padded_vocab} "
+                       f"(raise model.vocab_multiple to a multiple of {self.tp})")
+        if self.cp > 1 and m.seq_len % (2 * self.cp):
+            out.append(f"model.seq_len={m.seq_len} does not split into 2*cp={2 * self.cp} equal chunks "
+                       f"(context parallel balances causal work with two chunks per rank)")
+        local_seq = m.seq_len // self.cp
+        if self.tp > 1 and self.sequence_parallel and local_seq % self.tp:
+            out.append(f"sequence parallel: the per-rank sequence {local_seq} (seq_len/cp) is not a multiple of "
+                       f"parallel.tp={self.tp}")
+        if self.pp_schedule == "interleaved_1f1b":
+            if self.pp_virtual < 2:
+                out.append("parallel.pp_schedule='interleaved_1f1b' needs parallel.pp_virtual >= 2")
+        elif self.pp_virtual > 1:
+            out.append(f"parallel.pp_virtual={self.pp_virtual} needs parallel.pp_schedule='interleaved_1f1b'")
+        if self.pp == 1 and self.pp_virtual > 1:
+            out.append(f"parallel.pp_virtual={self.pp_virtual} needs parallel.pp >= 2")
+        if m.n_layers % self.num_stages:
+            out.append(f"pp x pp_virtual = {self.num_stages} stages do not divide model.n_layers={m.n_layers}")
+        gbs, mbs = t.global_batch_size, t.micro_batch_size
+        if gbs % self.dp:
+            out.append(f"train.global_batch_size={gbs} is not a multiple of the data-parallel size {self.dp}")
+        elif (gbs // self.dp) % mbs:
+            out.append(f"train.micro_batch_size={mbs} does not divide the per-rank batch {gbs // self.dp} "
+                       f"(global_batch_size / data-parallel size {self.dp})")
+        elif self.pp > 1:
+            n_micro = gbs // self.dp // mbs
+            if n_micro < self.pp:
+                out.append(f"pipeline: {n_micro} micro-batches per step (global_batch_size / dp / micro_batch_size)"
+                           f" leave stages idle; need at least pp={self.pp}")
+            elif self.pp_schedule == "interleaved_1f1b" and n_micro % self.pp:
+                out.append(f"interleaved 1F1B: {n_micro} micro-batches per step must be a multiple of pp={self.pp}")
+        return out
+
+    def validate(self, cfg: Config) -> "Layout":
+        """Raise LayoutError listing every problem (one per line); return self when there is none."""
+        problems = self.problems(cfg)
+        if problems:
+            head = f"parallel layout {self.describe()} cannot train this model: "
+            raise LayoutError(head + "; ".join(problems))
+        return self
+
+    # ------------------------------------------------------------------ mesh
+    def build_mesh(self, device_type: str) -> "ParallelMesh":
+        """The 5-D DeviceMesh (size-1 dims included) with its flattened "dp", "dp_shard_cp" and "dp_cp" views.
+
+        Needs an initialised default process group of world_size ranks.
+        """
+        from torch.distributed.device_mesh import init_device_mesh
+        root = init_device_mesh(device_type, tuple(self.degrees.values()), mesh_dim_names=MESH_DIMS)
+        flat = {
+            "dp": root[("dp_replicate", "dp_shard")]._flatten(mesh_dim_name="dp"),
+            "dp_shard_cp": root[("dp_shard", "cp")]._flatten(mesh_dim_name="dp_shard_cp"),
+            "dp_cp": root[("dp_replicate", "dp_shard", "cp")]._flatten(mesh_dim_name="dp_cp"),
+        }
+        return ParallelMesh(root, flat)
+
+
+class ParallelMesh:
+    """The run's DeviceMesh plus its flattened views, indexed by dimension name: mesh["tp"], mesh["dp_cp"].
+
+    Flattened views are kept here rather than sliced back out of the root mesh (which torch deprecates).
+    """
+
+    def __init__(self, root, flat: dict):
+        self.root = root
+        self.flat = flat
+
+    def __getitem__(self, name):
+        if isinstance(name, str):
+            return self.flat[name] if name in self.flat else self.root[name]
+        if tuple(name) == ("dp_replicate", "dp_shard_cp"):
+            # HSDP's 2-D (replicate, shard) mesh; with cp == 1 the shard dim is dp_shard itself.
+            if self.root["cp"].size() == 1:
+                return self.root[("dp_replicate", "dp_shard")]
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                return self.root[("dp_replicate", "dp_shard_cp")]
+        return self.root[tuple(name)]
+
+    @property
+    def mesh(self):
+        """Rank ids laid out in the root mesh's shape (a tensor)."""
+        return self.root.mesh
+
+    @property
+    def mesh_dim_names(self):
+        """Names of the root mesh's dimensions, outermost first."""
+        return self.root.mesh_dim_names
