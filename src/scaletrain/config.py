@@ -128,7 +128,7 @@ class TrainConfig:
     target_eval_loss: float = 2.69
     """Stop when the validation log perplexity is at or below this (gpt3: 2.69)."""
     threads: int = 0
-    """torch intra-op threads on CPU; 0 keeps torch's default."""
+    """torch intra-op threads on CPU for the whole node, split evenly among its ranks; 0 keeps torch's default."""
     log_interval: int = 1
     """Write a metrics.jsonl line every this many steps."""
     run_dir: str = "runs/latest"

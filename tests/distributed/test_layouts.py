@@ -1,7 +1,7 @@
 """Every parallel layout trains exactly like one process: first 20 losses within 1e-5 in fp32 on gloo ranks.
 
 Same seed, same global batch, same sample order; the init is layout-independent, so any difference is a bug
-in how a layout splits the work or combines the gradients.
+in how a layout splits the work or combines the gradients. FSDP x TP x PP needs 8 ranks (4 processes per core).
 """
 
 from __future__ import annotations
@@ -89,3 +89,10 @@ def test_four_rank_layout_matches_single_process(name, corpus_paths, reference, 
     results = run_ranks(train_losses, 4, corpus_paths, LAYOUTS_4[name], str(tmp_path), timeout=400)
     for r in results:
         _compare(reference, r, name)
+
+
+def test_eight_rank_fsdp_tp_interleaved_pp_matches_single_process(corpus_paths, reference, tmp_path):
+    layout = ["parallel.dp_shard=2", "parallel.tp=2", "parallel.pp=2", "parallel.pp_virtual=2",
+              "parallel.pp_schedule=interleaved_1f1b"]
+    for r in run_ranks(train_losses, 8, corpus_paths, layout, str(tmp_path), timeout=600):
+        _compare(reference, r, "fsdp_tp_pp")
