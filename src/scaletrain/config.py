@@ -166,6 +166,24 @@ class ParallelConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    interval_steps: int = 0
+    """Save after the first evaluation at least this many steps after the last save; 0 = no step trigger."""
+    interval_minutes: float = 0.0
+    """Save after the first evaluation at least this many minutes after the last save; 0 = no time trigger."""
+    keep: int = 2
+    """Complete checkpoints kept (oldest deleted first); 0 keeps all."""
+    async_save: bool = False
+    """Write in a background thread (DCP async_save); the checkpoint is published at the next save or run end."""
+    dir: str = ""
+    """Where checkpoints go; empty means <run_dir>/checkpoints."""
+    resume: str = "none"
+    """"none", "auto" (newest complete checkpoint in dir, if any) or a checkpoint directory."""
+    verify: str = "sha256"
+    """Check before loading: "sha256" (every file's hash) or "size" (presence and sizes; for huge checkpoints)."""
+
+
+@dataclass
 class BenchConfig:
     benchmark: str = "gpt3"
     """MLPerf benchmark rules to follow: "gpt3" (official, ruleset 4.1.0) or "gpt3-proxy" (CPU proxy rules file)."""
@@ -193,6 +211,8 @@ class Config:
     """Training loop."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     """Parallel layout (degrees multiply to the world size)."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Distributed checkpoints: when, where, how many, resume."""
     bench: BenchConfig = field(default_factory=BenchConfig)
     """MLPerf benchmark protocol."""
     preset: str = ""
@@ -276,6 +296,11 @@ def _problems(c: Config):
         yield f"parallel.dp_shard={p.dp_shard}: must be >= 1, or -1 for the rest of the world size"
     if p.pp_schedule not in PP_SCHEDULES:
         yield f"parallel.pp_schedule={p.pp_schedule!r}: must be one of {list(PP_SCHEDULES)}"
+    k = c.checkpoint
+    if k.interval_steps < 0 or k.interval_minutes < 0 or k.keep < 0:
+        yield "checkpoint.interval_steps, checkpoint.interval_minutes and checkpoint.keep must be >= 0"
+    if k.verify not in ("sha256", "size"):
+        yield f"checkpoint.verify={k.verify!r}: must be 'sha256' or 'size'"
     if p.activation_checkpoint not in ("none", "full", "selective"):
         yield f"parallel.activation_checkpoint={p.activation_checkpoint!r}: must be 'none', 'full' or 'selective'"
 

@@ -115,10 +115,17 @@ def run_once(cfg: Config, engine: Engine, run_dir: str | Path, dp_size: int = 1,
     target = cfg.train.target_eval_loss
     state: dict[str, Any] = {"status": None, "reason": None, "steps": 0, "evals": [], "last": {},
                              "t_start": None, "t_stop": None, "error": None}
-    log = MLLogWriter(run_dir / "mllog.txt" if writer else None)
+    resume = (getattr(engine, "resume_info", None) or {}).get("harness") or None
+    log_path = run_dir / "mllog.txt" if writer else None
+    if resume and writer:
+        # Back to where the checkpoint was taken: events after it (the crashed part of the run) are dropped,
+        # and the log continues the same run_start; the restart's time stays inside time to train.
+        with open(log_path, "r+b") as f:
+            f.truncate(int(resume["mllog_bytes"]))
+    log = MLLogWriter(log_path, mode="a" if resume else "w")
     try:
         try:
-            _protocol(cfg, engine, log, state, dp_size, platform, every, limit, tps, target)
+            _protocol(cfg, engine, log, state, dp_size, platform, every, limit, tps, target, resume)
         except BaseException as exc:
             state["error"] = f"{type(exc).__name__}: {exc}"
             if state["t_start"] is not None and state["t_stop"] is None:
@@ -141,8 +148,15 @@ def run_once(cfg: Config, engine: Engine, run_dir: str | Path, dp_size: int = 1,
     return result
 
 
-def _protocol(cfg, engine, log, state, dp_size, platform, every, limit, tps, target) -> None:
+def _protocol(cfg, engine, log, state, dp_size, platform, every, limit, tps, target, resume=None) -> None:
     # Events are logged on their own lines here, on purpose: mllog stamps each with this file and line number.
+    if resume:
+        state.update(steps=int(resume["steps"]), evals=list(resume["evals"]), t_start=int(resume["t_start"]))
+        engine.init()  # rebuilds and loads the checkpoint
+        if getattr(engine, "step", state["steps"]) != state["steps"]:
+            raise RuntimeError(f"checkpoint step {engine.step} does not match the harness state {state['steps']}")
+        _train_loop(engine, log, state, every, limit, tps, target)
+        return
     early_tokens = _eval_tokens(engine)
     hparams = mllog_hparams(cfg, early_tokens or 1, platform, dp_size)  # validates before anything is logged
     log.event(C.CACHE_CLEAR, True)
@@ -160,7 +174,10 @@ def _protocol(cfg, engine, log, state, dp_size, platform, every, limit, tps, tar
             log.event(key, value)
     log.end(C.INIT_STOP)
     state["t_start"] = log.start(C.RUN_START)
+    _train_loop(engine, log, state, every, limit, tps, target)
 
+
+def _train_loop(engine, log, state, every, limit, tps, target) -> None:
     while state["status"] is None:
         n = min(every, limit - state["steps"])
         block = {"first_epoch_num": state["steps"] * tps, "epoch_count": n * tps}
@@ -196,6 +213,10 @@ def _protocol(cfg, engine, log, state, dp_size, platform, every, limit, tps, tar
             state["status"] = C.ABORTED
             state["reason"] = (f"step budget of {limit} steps used up with eval loss {eval_loss:.4f} "
                                f"above the target {target}")
+        elif hasattr(engine, "checkpoint_due") and engine.checkpoint_due():
+            log.flush()
+            engine.save_checkpoint({"steps": state["steps"], "evals": state["evals"], "t_start": state["t_start"],
+                                    "mllog_bytes": log.size()})
 
     stop_meta = {"status": state["status"]}
     if state["reason"]:

@@ -95,6 +95,10 @@ class MLLogWriter:
 
     # ------------------------------------------------------------------ lifetime
 
+    def size(self) -> int:
+        """Bytes written to the file so far (after flush()); 0 for a writer without a file."""
+        return self.path.stat().st_size if self.path is not None and self.path.exists() else 0
+
     def flush(self) -> None:
         """Flush buffered lines to disk."""
         for handler in self._handlers:

@@ -198,30 +198,53 @@ class IndexedDataset:
         seq_starts = np.zeros(self.sequence_lengths.size + 1, dtype=np.int64)
         np.cumsum(self.sequence_lengths, out=seq_starts[1:])
         item = self.dtype.itemsize
-        if not np.array_equal(self.sequence_pointers, seq_starts[:-1] * item):
-            bad = int(np.argmax(self.sequence_pointers != seq_starts[:-1] * item))
-            raise DataError(f"{self.idx_file}: sequence {bad} byte pointer {int(self.sequence_pointers[bad])} "
-                            f"!= {int(seq_starts[bad] * item)}; sequences must be stored back to back")
+        _check_pointers(self.idx_file, self.sequence_pointers, seq_starts, item)
         self.num_tokens = int(seq_starts[-1])
-        if not self.bin_file.is_file():
-            raise DataError(f"{self.bin_file}: no such file (its index {self.idx_file.name} exists)")
-        size = self.bin_file.stat().st_size
+        _check_regular_file(self.bin_file, f"no such file (its index {self.idx_file.name} exists)")
+        try:
+            size = self.bin_file.stat().st_size
+        except OSError as exc:
+            raise DataError(f"{self.bin_file}: cannot read: {exc.strerror or exc}") from None
         want = self.num_tokens * item
         if size < want:
-            raise DataError(f"{self.bin_file}: truncated: {size} bytes, index expects {want} "
-                            f"({self.num_tokens} x {self.dtype})")
+            raise DataError(f"{self.bin_file}: truncated: {size} bytes, its index {self.idx_file.name} expects "
+                            f"{want} ({self.num_tokens} x {self.dtype})")
         if size > want:
-            raise DataError(f"{self.bin_file}: {size} bytes but index expects {want} "
+            raise DataError(f"{self.bin_file}: {size} bytes but its index {self.idx_file.name} expects {want} "
                             f"({self.num_tokens} x {self.dtype}); wrong .idx for this .bin?")
         self.doc_offsets = seq_starts[self.document_indices]
         self.doc_lengths = np.diff(self.doc_offsets)
         # One-sequence-per-document files have byte pointers that equal the documents'.
         self.doc_pointers = self.doc_offsets[:-1] * item
         if self.num_tokens:
-            self.tokens = np.memmap(self.bin_file, dtype=self.dtype, mode="r", shape=(self.num_tokens,))
+            try:
+                self.tokens = np.memmap(self.bin_file, dtype=self.dtype, mode="r", shape=(self.num_tokens,))
+            except (OSError, ValueError) as exc:
+                raise DataError(f"{self.bin_file}: cannot map: {getattr(exc, 'strerror', None) or exc}") from None
         else:
             # mmap refuses empty files; an empty array keeps the API uniform.
             self.tokens = np.zeros(0, dtype=self.dtype)
+
+    def find_token_outside(self, limit: int, chunk: int = 1 << 25) -> tuple[int, int] | None:
+        """(position, id) of the first token outside [0, limit) in the flat token stream, or None.
+
+        One sequential pass over the memmap in `chunk`-token pieces (a max/min reduction each), so
+        memory stays bounded and the cost is one read of the .bin.
+        """
+        signed = self.dtype.kind == "i"
+        tokens = self.tokens
+        for lo in range(0, self.num_tokens, chunk):
+            part = tokens[lo:lo + chunk]
+            if int(part.max()) >= limit or (signed and int(part.min()) < 0):
+                bad = (part >= limit) | (part < 0) if signed else part >= limit
+                k = int(np.argmax(bad))
+                return lo + k, int(part[k])
+        return None
+
+    def locate(self, position: int) -> tuple[int, int]:
+        """(document, offset within it) of flat token position `position`."""
+        doc = int(np.searchsorted(self.doc_offsets, position, side="right")) - 1
+        return doc, int(position - self.doc_offsets[doc])
 
     def __len__(self) -> int:
         return int(self.doc_lengths.size)
@@ -242,10 +265,41 @@ class IndexedDataset:
         return bin_path(prefix).is_file() and idx_path(prefix).is_file()
 
 
+def _check_regular_file(path: Path, missing: str = "no such file") -> None:
+    # A FIFO or device would block or never end when read; a directory fails with a confusing errno.
+    if path.is_file():
+        return
+    if path.exists():
+        raise DataError(f"{path}: not a regular file")
+    raise DataError(f"{path}: {missing}")
+
+
+def _check_pointers(path: Path, pointers: np.ndarray, seq_starts: np.ndarray, item: int) -> None:
+    """Byte pointers must be exactly the running sum of the sizes (back-to-back storage); vectorised."""
+    want = seq_starts[:-1] * item
+    if np.array_equal(pointers, want):
+        return
+    total = int(seq_starts[-1]) * item
+    bad = int(np.argmax(pointers != want))
+    got = int(pointers[bad])
+    drops = np.flatnonzero(np.diff(pointers) < 0)
+    if drops.size:
+        k = int(drops[0])
+        raise DataError(f"{path}: sequence byte pointers decrease at sequence {k + 1} "
+                        f"({int(pointers[k])} then {int(pointers[k + 1])})")
+    if got < 0 or got > total:
+        raise DataError(f"{path}: sequence {bad} byte pointer {got} lies outside the {total} bytes "
+                        f"the sequence sizes add up to")
+    raise DataError(f"{path}: sequence {bad} byte pointer {got} != {int(want[bad])} implied by the sizes "
+                    f"of the sequences before it; sequences must be stored back to back")
+
+
 def _read_index(path: Path):
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
-    raw = path.read_bytes()
+    _check_regular_file(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if len(raw) < HEADER_SIZE:
         raise DataError(f"{path}: truncated index: {len(raw)} bytes, the header alone is {HEADER_SIZE}")
     if raw[:9] != HEADER:
@@ -262,9 +316,10 @@ def _read_index(path: Path):
     n_seq, n_doc_idx = struct.unpack_from("<QQ", raw, 18)
     want = HEADER_SIZE + 12 * n_seq + 8 * n_doc_idx
     if len(raw) != want:
+        hint = ("; multimodal indices are not supported" if len(raw) == want + n_seq
+                else "; truncated?" if len(raw) < want else "")
         raise DataError(f"{path}: {len(raw)} bytes but the header ({n_seq} sequences, {n_doc_idx} document "
-                        f"indices) implies {want}" + ("; multimodal indices are not supported"
-                                                      if len(raw) == want + n_seq else ""))
+                        f"indices) implies {want}{hint}")
     off = HEADER_SIZE
     lengths = np.frombuffer(raw, dtype="<i4", count=n_seq, offset=off).astype(np.int64)
     off += 4 * n_seq
@@ -274,5 +329,8 @@ def _read_index(path: Path):
     if n_seq and lengths.min() < 0:
         raise DataError(f"{path}: negative sequence length at sequence {int(np.argmin(lengths))}")
     if n_doc_idx < 1 or doc_idx[0] != 0 or doc_idx[-1] != n_seq or np.any(np.diff(doc_idx) < 0):
-        raise DataError(f"{path}: document indices must rise from 0 to the sequence count {n_seq}")
+        detail = ("none stored" if n_doc_idx < 1 else f"first {int(doc_idx[0])}" if doc_idx[0] != 0
+                  else f"last {int(doc_idx[-1])}" if doc_idx[-1] != n_seq
+                  else f"they decrease at index {int(np.argmax(np.diff(doc_idx) < 0)) + 1}")
+        raise DataError(f"{path}: document indices must rise from 0 to the sequence count {n_seq} ({detail})")
     return dtype, lengths, pointers, doc_idx

@@ -157,14 +157,19 @@ def read_meta(prefix: str | Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        meta = json.loads(path.read_text())
+        meta = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if not isinstance(meta, dict):
         raise DataError(f"{path}: expected a JSON object")
-    for key in ("tokenizer_sha256", "vocab_size", "num_documents", "num_tokens"):
+    for key, kind in (("tokenizer_sha256", str), ("vocab_size", int), ("num_documents", int), ("num_tokens", int)):
         if key not in meta:
             raise DataError(f"{path}: missing field {key!r}")
+        if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
+            raise DataError(f"{path}: field {key!r} must be {'a string' if kind is str else 'an integer'}, "
+                            f"got {json.dumps(meta[key])[:40]}")
     return meta
 
 
@@ -195,12 +200,16 @@ def load_dataset(prefix: str | Path, tokenizer: Tokenizer | None = None,
                         f"!= model vocab_size {vocab_size}")
     limit = vocab_size if vocab_size is not None else (tokenizer.vocab_size if tokenizer is not None else None)
     if limit is not None and ds.num_tokens:
-        if meta is not None and isinstance(meta.get("max_token_id"), int):
-            max_id, min_id = meta["max_token_id"], 0
-        else:
-            # One pass over the memmap; milliseconds for the default corpus.
-            max_id, min_id = int(ds.tokens.max()), int(ds.tokens.min())
-        if max_id >= limit or min_id < 0:
-            bad = max_id if max_id >= limit else min_id
-            raise DataError(f"{ds.bin_file}: token id {bad} outside the vocabulary [0, {limit})")
+        # Always the full pass over the .bin, even with a sidecar: its max_token_id describes the file as
+        # written, and a later bit flip would otherwise reach the embedding as an out-of-range index.
+        # One sequential read of the memmap: about a millisecond per million tokens once cached.
+        hit = ds.find_token_outside(limit)
+        if hit is not None:
+            pos, bad = hit
+            doc, off = ds.locate(pos)
+            recorded = meta.get("max_token_id") if meta is not None else None
+            why = (f"; its sidecar records max id {recorded}, so the .bin changed after it was written"
+                   if isinstance(recorded, int) and 0 <= recorded < limit else "")
+            raise DataError(f"{ds.bin_file}: token id {bad} outside the vocabulary [0, {limit}) "
+                            f"at token {pos} (document {doc}, offset {off}){why}")
     return ds

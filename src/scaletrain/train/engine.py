@@ -82,7 +82,14 @@ class Trainer:
         self.mesh = None
         self.pm = None
         self.schedule = None
-        self.optimizer = None
+        self.optimizers: list = []  # one per model part, so optimizer state is named like the parameters
+        from scaletrain.checkpoint.checkpointer import Checkpointer
+        self.checkpointer = Checkpointer(cfg, self.run_dir)
+        self.resume_path = self.checkpointer.find(cfg.checkpoint.resume)
+        self.resume_info = None
+        if self.resume_path is not None:
+            import json
+            self.resume_info = json.loads((self.resume_path / "trainer.json").read_text())
         self.metrics: MetricsLogger | None = None
         self.step = 0  # optimizer steps taken since run start
         self._loss_scale = 1.0
@@ -111,15 +118,18 @@ class Trainer:
         self._coords()
         self.pm, self.schedule = parallelize(self.cfg, self.layout, self.mesh, self.device, self.seed,
                                              loss_fn=self._pipeline_loss)
-        self.optimizer = build_optimizer(self.pm.parameters(), self.cfg.optim, self.device.type)
+        self.optimizers = self._build_optimizers()
         self._warm_up()
         # Reset: the init is a pure function of (seed, name, index), so re-running it restores the exact
-        # cold-start weights; a fresh optimizer drops the warm-up's moments.
+        # cold-start weights; fresh optimizers drop the warm-up's moments.
         with torch.no_grad():
             for part in self.pm.parts:
                 part.init_weights(self.seed)
-        self.optimizer = build_optimizer(self.pm.parameters(), self.cfg.optim, self.device.type)
+        self.optimizers = self._build_optimizers()
         self.step = 0
+        if self.resume_path is not None:
+            info = self.checkpointer.load(self.resume_path, self.pm.parts, self.optimizers)
+            self.step = int(info["step"])
         if self.rank == 0:
             self.metrics = MetricsLogger(self.run_dir, total_steps=self._planned_steps(),
                                          progress=self.cfg.train.progress)
@@ -149,9 +159,10 @@ class Trainer:
         clip_grads_(params, self.cfg.optim.grad_clip, grad_norm)
         lr = lr_at(self.cfg.optim.init_checkpoint_step(self.global_batch_size) + step_number,
                    self.cfg.optim, self.global_batch_size)
-        set_lr(self.optimizer, lr)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        for opt in self.optimizers:
+            set_lr(opt, lr)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         self.step = step_number
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -186,9 +197,26 @@ class Trainer:
         return value
 
     def finish(self, result: dict) -> None:
-        """Close metrics sinks; the harness writes result.json."""
-        if self.metrics is not None:
-            self.metrics.close()
+        """Publish a pending asynchronous checkpoint and close metrics sinks; the harness writes result.json."""
+        try:
+            self.checkpointer.finish()
+        finally:
+            if self.metrics is not None:
+                self.metrics.close()
+
+    # ------------------------------------------------------------------ checkpoints (harness hooks)
+    def checkpoint_due(self) -> bool:
+        """Whether the harness should save now (called after an evaluation; same answer on all ranks)."""
+        return self.checkpointer.due(self.step)
+
+    def save_checkpoint(self, harness_state: dict) -> None:
+        """Save model, optimizers and trainer/harness state at the current step."""
+        from scaletrain.checkpoint.checkpointer import trainer_state
+        self.checkpointer.save(self.step, self.pm.parts, self.optimizers,
+                               trainer_state(self.step, self.cfg, self.layout, harness_state))
+
+    def _build_optimizers(self) -> list:
+        return [build_optimizer(part.parameters(), self.cfg.optim, self.device.type) for part in self.pm.parts]
 
     def _end_eval(self) -> None:
         # A forward without backward leaves FSDP units that skip resharding after forward (the last block, the
@@ -333,8 +361,9 @@ class Trainer:
                 x = torch.randint(0, v, (self.micro_batch_size, self.seq_len), generator=gen)
                 batches.append((x, x))
             self._forward_backward(batches)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            for opt in self.optimizers:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
         with torch.no_grad():
             for part in self.pm.parts:
                 part.eval()

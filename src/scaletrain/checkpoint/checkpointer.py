@@ -1,0 +1,253 @@
+"""Save and load a training run's full state with torch.distributed.checkpoint, in any parallel layout.
+
+What is saved: every model part's parameters and every optimizer's state (flattened per parameter name, so a
+checkpoint written by FSDP x TP on 4 ranks loads into 1 rank or a pipeline: DCP reshards), the trainer and
+benchmark-harness state (`trainer.json`: step, consumed samples, evaluations, the MLLOG offset, config,
+layout) and each rank's RNG state. The data position needs nothing else: the sample order is a pure function of
+seed and position. Directory handling (atomic publish, manifest, verification) is in `store.py`.
+
+The output layer is tied to the embedding. Without pipeline parallelism one tensor has two names; with it, the
+first and last stage each hold a copy. Saves always carry both names (`embed.tok.weight`, `head.weight`) for
+the weight and its optimizer state, so any layout finds what it needs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from scaletrain.checkpoint import store
+from scaletrain.checkpoint.store import CheckpointError
+
+_OPTIONS = None
+
+
+def _options():
+    global _OPTIONS
+    if _OPTIONS is None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+        _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+    return _OPTIONS
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+class Checkpointer:
+    """Checkpoints of one run under `root`; every method is called on all ranks in lockstep."""
+
+    def __init__(self, cfg, run_dir: Path):
+        k = cfg.checkpoint
+        self.cfg = cfg
+        self.root = Path(k.dir) if k.dir else Path(run_dir) / "checkpoints"
+        self.interval_steps, self.interval_s = k.interval_steps, k.interval_minutes * 60.0
+        self.keep, self.async_save, self.verify_mode = k.keep, k.async_save, k.verify
+        self.enabled = self.interval_steps > 0 or self.interval_s > 0
+        self.last_step = 0
+        self.last_time = time.monotonic()
+        self._pending = None  # async save in flight: (future, tmp, final, info, my_files)
+        self._async_group = None
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self, parts, optimizers) -> tuple[dict, list[tuple[dict, dict]]]:
+        """One flat dict for DCP (model and optimizer entries) and the per-part (model, optim) dicts."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        flat, per_part = {}, []
+        for part, opt in zip(parts, optimizers):
+            msd = get_model_state_dict(part)
+            osd = get_optimizer_state_dict(part, opt, options=_options())
+            flat.update({f"model.{k}": v for k, v in msd.items()})
+            flat.update({f"optim.{k}": v for k, v in osd.items()})
+            if getattr(part, "head_is_tied", False):
+                # One tensor, two names: file its optimizer state under the head's name too (module docstring).
+                # Only in the DCP dict: the optimizer itself knows the parameter once.
+                for key in [k for k in osd if ".embed.tok.weight" in k]:
+                    flat["optim." + key.replace(".embed.tok.weight", ".head.weight")] = osd[key]
+            per_part.append((msd, osd))
+        return flat, per_part
+
+    # ------------------------------------------------------------------ save
+    def due(self, step: int) -> bool:
+        """Whether to save now (same answer on every rank: rank 0's clock decides the time trigger)."""
+        if not self.enabled:
+            return False
+        due = (self.interval_steps > 0 and step - self.last_step >= self.interval_steps) or (
+            self.interval_s > 0 and time.monotonic() - self.last_time >= self.interval_s)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+            flag = torch.tensor([1 if due else 0], dtype=torch.int32, device=device)
+            dist.broadcast(flag, src=0)
+            due = bool(flag.item())
+        return due
+
+    def save(self, step: int, parts, optimizers, trainer_state: dict) -> Path:
+        """Write step_<step>; with async_save return once staged and publish on the next save or at finish()."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import FileSystemWriter
+        self.finish()  # publish the previous async save first: at most one in flight
+        final = store.step_dir(self.root, step)
+        tmp = final.with_name(final.name + ".tmp")
+        rank = _rank()
+        if rank == 0:
+            if final.exists():
+                raise CheckpointError(f"{final}: already exists; refusing to overwrite a complete checkpoint")
+            if tmp.exists():
+                import shutil
+                shutil.rmtree(tmp)  # left by a crash mid-save: never published, safe to discard
+            tmp.mkdir(parents=True)
+        self._barrier()
+        flat, _ = self.state_dict(parts, optimizers)
+        info = {"step": step, **trainer_state}
+        try:
+            my_files = self._write_sidecars(tmp, info, rank)
+            writer = FileSystemWriter(tmp, sync_files=True)
+            if self.async_save:
+                if self._async_group is None and dist.is_initialized():
+                    self._async_group = dist.new_group(backend="gloo")  # keeps DCP's collectives off training's
+                future = dcp.async_save(flat, storage_writer=writer, process_group=self._async_group)
+                self._pending = (future, tmp, final, info, my_files)
+            else:
+                dcp.save(flat, storage_writer=writer)
+                self._publish(tmp, final, info, my_files)
+        except OSError as exc:
+            self._abandon(tmp)
+            raise CheckpointError(f"checkpoint save at step {step} into {tmp} failed: {exc.strerror or exc}; "
+                                  f"earlier checkpoints are untouched") from None
+        self.last_step, self.last_time = step, time.monotonic()
+        return final
+
+    def finish(self) -> None:
+        """Wait for an asynchronous save and publish it (call at run end)."""
+        if self._pending is None:
+            return
+        future, tmp, final, info, my_files = self._pending
+        self._pending = None
+        try:
+            future.result()
+            self._publish(tmp, final, info, my_files)
+        except OSError as exc:
+            self._abandon(tmp)
+            raise CheckpointError(f"asynchronous checkpoint save into {tmp} failed: {exc.strerror or exc}; "
+                                  f"earlier checkpoints are untouched") from None
+
+    def _write_sidecars(self, tmp: Path, info: dict, rank: int) -> list[str]:
+        names = []
+        rng = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        torch.save(rng, tmp / f"rng_rank{rank}.pt")
+        names.append(f"rng_rank{rank}.pt")
+        if rank == 0:
+            store.write_json_durably(tmp / store.TRAINER, info)
+            names.append(store.TRAINER)
+        return names
+
+    def _publish(self, tmp: Path, final: Path, info: dict, my_files: list[str]) -> None:
+        rank = _rank()
+        # DCP names each rank's shard file __<rank>_<i>.distcp; rank 0 also owns .metadata.
+        mine = my_files + sorted(p.name for p in tmp.glob(f"__{rank}_*.distcp"))
+        if rank == 0:
+            mine.append(".metadata")
+        hashes = store.hash_files(tmp, mine)
+        gathered = [None] * (dist.get_world_size() if dist.is_initialized() else 1)
+        if dist.is_initialized():
+            dist.all_gather_object(gathered, hashes)
+        else:
+            gathered = [hashes]
+        if rank == 0:
+            files = {k: v for part in gathered for k, v in part.items()}
+            store.publish(tmp, final, files, {"step": info["step"], "world_size": len(gathered)})
+            store.prune(self.root, self.keep, protect=final)
+        self._barrier()
+
+    def _abandon(self, tmp: Path) -> None:
+        if _rank() == 0:
+            import shutil
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _barrier(self) -> None:
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
+
+    # ------------------------------------------------------------------ load
+    def find(self, resume: str) -> Path | None:
+        """The checkpoint `resume` names ("none", "auto" or a path), verified; same answer on every rank.
+
+        "auto" takes the newest complete checkpoint; one that fails verification is reported and skipped for the
+        one before it, never loaded. An explicit path that fails is an error.
+        """
+        if resume in ("", "none"):
+            return None
+        found, problem = None, None
+        if _rank() == 0:
+            try:
+                if resume == "auto":
+                    for path in reversed(store.complete_checkpoints(self.root)):
+                        try:
+                            store.verify(path, self.verify_mode)
+                            found = str(path)
+                            break
+                        except CheckpointError as exc:
+                            print(f"scaletrain: warning: skipping damaged checkpoint: {exc}", flush=True)
+                else:
+                    store.verify(Path(resume), self.verify_mode)
+                    found = str(resume)
+            except CheckpointError as exc:
+                problem = str(exc)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            box = [found, problem]
+            dist.broadcast_object_list(box, src=0)
+            found, problem = box
+        if problem:
+            raise CheckpointError(problem)
+        return Path(found) if found else None
+
+    def load(self, path: Path, parts, optimizers) -> dict:
+        """Load model and optimizer state from `path` into this layout; returns trainer.json."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+        path = Path(path)
+        flat, per_part = self.state_dict(parts, optimizers)
+        self._check_shapes(path, flat)
+        try:
+            dcp.load(flat, checkpoint_id=str(path))
+        except Exception as exc:  # DCP wraps per-rank failures; keep the first line, name the checkpoint
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CheckpointError(f"{path}: load failed: {first}") from None
+        for part, opt, (msd, osd) in zip(parts, optimizers, per_part):
+            set_model_state_dict(part, msd)
+            set_optimizer_state_dict(part, opt, osd, options=_options())
+        rng_file = path / f"rng_rank{_rank()}.pt"
+        if rng_file.is_file():  # absent when resuming on more ranks than saved: training draws no random numbers
+            rng = torch.load(rng_file, weights_only=True)
+            torch.set_rng_state(rng["cpu"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state(rng["cuda"])
+        import json
+        info = json.loads((path / store.TRAINER).read_text())
+        self.last_step, self.last_time = int(info["step"]), time.monotonic()
+        return info
+
+    def _check_shapes(self, path: Path, flat: dict) -> None:
+        meta = store.read_metadata(path).state_dict_metadata
+        for key, value in flat.items():
+            if not key.startswith("model.") or not hasattr(value, "shape"):
+                continue
+            if key not in meta:
+                raise CheckpointError(f"{path}: has no tensor {key[6:]!r}; it was saved from another model")
+            saved = tuple(getattr(meta[key], "size", ()))
+            if saved != tuple(value.shape):
+                raise CheckpointError(f"{path}: {key[6:]} has shape {list(saved)}, this model has "
+                                      f"{list(value.shape)} (model.* config differs from the checkpoint's)")
+
+
+def trainer_state(step: int, cfg, layout, harness: dict | None) -> dict:
+    """What trainer.json records besides the step."""
+    return {"consumed_samples": step * cfg.train.global_batch_size, "seed": cfg.train.seed,
+            "layout": layout.describe(), "world_size": layout.world_size, "harness": harness or {},
+            "config": cfg.to_dict(), "pid": os.getpid(), "time": time.time()}

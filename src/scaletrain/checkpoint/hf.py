@@ -1,0 +1,264 @@
+"""Hugging Face GPT-2 format export and import of scaletrain gpt3 weights.
+
+The gpt3 architecture is GPT-2's at any size, so a trained model becomes a directory that
+`transformers.GPT2LMHeadModel.from_pretrained` loads with no custom code: `config.json` plus `model.safetensors`.
+Two layouts differ and are converted here:
+
+* Fused qkv rows. Ours are ordered (head, q|k|v, head_dim), Megatron's layout, so a tensor-parallel row shard
+  holds whole heads; HF's `c_attn` is (q|k|v, head, head_dim). The rows are permuted both ways.
+* HF's Conv1D stores linear weights as (in, out), the transpose of `nn.Linear`.
+
+The padded vocabulary rows are kept (HF `vocab_size` = `cfg.padded_vocab`): the logits then match ours exactly,
+shape included, and an import gives back the very same tensors. The tokenizer's real size is recorded under
+"scaletrain_vocab_size"; the padding rows are never produced by the tokenizer. The output layer is tied to the
+token embedding in both models, so only `transformer.wte.weight` is written and HF re-ties `lm_head` on load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import pickle
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from scaletrain.config import ModelConfig
+
+_BLOCK = {"ln1": "ln_1", "ln2": "ln_2", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj",
+          "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
+_TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")  # both are GPT-2's tanh approximation, as our MLP uses
+
+
+def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    d, f, v = cfg.d_model, cfg.ffn_size, cfg.padded_vocab
+    shapes = {"embed.tok.weight": (v, d), "embed.pos.weight": (cfg.seq_len, d), "ln_f.weight": (d,), "ln_f.bias": (d,)}
+    for i in range(cfg.n_layers):
+        p = f"blocks.{i}."
+        shapes.update({p + "ln1.weight": (d,), p + "ln1.bias": (d,), p + "ln2.weight": (d,), p + "ln2.bias": (d,),
+                       p + "attn.qkv.weight": (3 * d, d), p + "attn.qkv.bias": (3 * d,),
+                       p + "attn.proj.weight": (d, d), p + "attn.proj.bias": (d,),
+                       p + "mlp.fc.weight": (f, d), p + "mlp.fc.bias": (f,),
+                       p + "mlp.proj.weight": (d, f), p + "mlp.proj.bias": (d,)})
+    return shapes
+
+
+def _qkv_rows(t: torch.Tensor, n_heads: int, to_hf: bool) -> torch.Tensor:
+    """Swap the two leading row factors: (head, 3, hd) <-> (3, head, hd); weights keep their column dim."""
+    hd = t.shape[0] // (3 * n_heads)
+    lead = (n_heads, 3) if to_hf else (3, n_heads)
+    return t.reshape(*lead, hd, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+
+def _hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.padded_vocab,
+            "n_positions": cfg.seq_len, "n_embd": cfg.d_model, "n_layer": cfg.n_layers, "n_head": cfg.n_heads,
+            "n_inner": cfg.d_ff or None, "activation_function": "gelu_new", "layer_norm_epsilon": cfg.ln_eps,
+            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "initializer_range": cfg.init_std,
+            "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+            "add_cross_attention": False, "tie_word_embeddings": True, "use_cache": True,
+            # No tokenizer travels with the weights, so there are no special token ids to claim.
+            "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+            "dtype": str(dtype).removeprefix("torch."),
+            "scaletrain_vocab_size": cfg.vocab_size, "scaletrain_vocab_multiple": cfg.vocab_multiple}
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)  # directories too: their entries must reach disk before the rename counts
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def export_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dtype=torch.float32) -> Path:
+    """Write a full (unsharded) scaletrain state dict as a Hugging Face GPT-2 directory; returns its path.
+
+    `out_dir` gets `config.json` and `model.safetensors` with tensors cast to `dtype`. It is built in a temporary
+    sibling directory and renamed into place only when complete, so a failed export leaves any previous export
+    at `out_dir` untouched. Raises ValueError on a missing, unexpected or wrongly shaped key, or an untied head.
+    """
+    from safetensors import torch as st  # optional dependency: only exporting/importing needs it
+
+    if not dtype.is_floating_point:
+        raise ValueError(f"export_hf: dtype={dtype} is not a floating-point dtype")
+    expected = _expected_shapes(cfg)
+    sd = dict(state_dict)
+    head = sd.pop("head.weight", None)
+    missing, unexpected = sorted(expected.keys() - sd.keys()), sorted(sd.keys() - expected.keys())
+    if missing or unexpected:
+        raise ValueError(f"export_hf: state dict does not match the config: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    for key, shape in expected.items():
+        if tuple(sd[key].shape) != shape:
+            raise ValueError(f"export_hf: {key} has shape {tuple(sd[key].shape)}, config expects {shape}")
+    # HF re-ties lm_head to wte on load, so a head that drifted from the embedding would be silently lost.
+    if head is not None and head is not sd["embed.tok.weight"] and not torch.equal(head, sd["embed.tok.weight"]):
+        raise ValueError("export_hf: head.weight differs from embed.tok.weight; GPT-2 format needs them tied")
+
+    out: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
+
+    def put(name: str, t: torch.Tensor, transpose: bool = False) -> None:
+        t = t.detach().to(device="cpu", dtype=dtype)
+        t = (t.T if transpose else t).contiguous()
+        # safetensors refuses tensors sharing storage; a same-dtype .to() can return the caller's own tensor.
+        if t.untyped_storage().data_ptr() in storages:
+            t = t.clone()
+        storages.add(t.untyped_storage().data_ptr())
+        out[name] = t
+
+    put("transformer.wte.weight", sd["embed.tok.weight"])
+    put("transformer.wpe.weight", sd["embed.pos.weight"])
+    for i in range(cfg.n_layers):
+        for ours, hf in _BLOCK.items():
+            w, b = sd[f"blocks.{i}.{ours}.weight"], sd[f"blocks.{i}.{ours}.bias"]
+            if ours == "attn.qkv":
+                w, b = _qkv_rows(w, cfg.n_heads, to_hf=True), _qkv_rows(b, cfg.n_heads, to_hf=True)
+            put(f"transformer.h.{i}.{hf}.weight", w, transpose=not ours.startswith("ln"))
+            put(f"transformer.h.{i}.{hf}.bias", b)
+    put("transformer.ln_f.weight", sd["ln_f.weight"])
+    put("transformer.ln_f.bias", sd["ln_f.bias"])
+
+    out_dir = Path(out_dir)
+    # Replacing means deleting: only ever delete an empty directory or one that looks like an earlier export.
+    if out_dir.exists() and not (out_dir.is_dir() and ((out_dir / "config.json").is_file()
+                                                       or not any(out_dir.iterdir()))):
+        raise FileExistsError(f"export_hf: {out_dir} exists and is not an HF export; refusing to replace it")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(_hf_config(cfg, dtype), indent=2, sort_keys=True) + "\n")
+        # transformers 4.x refuses safetensors files without a "format" entry in their metadata.
+        st.save_file(out, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        for name in ("config.json", "model.safetensors"):
+            _fsync(tmp / name)
+        _fsync(tmp)
+        old = tmp.with_name(tmp.name.replace(".tmp-", ".old-"))
+        if out_dir.exists():
+            # rename() cannot replace a non-empty directory: move the old export aside, then swap the new one in.
+            os.replace(out_dir, old)
+        try:
+            os.replace(tmp, out_dir)
+        except BaseException:
+            if old.exists():
+                os.replace(old, out_dir)
+            raise
+        _fsync(out_dir.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _vocab_multiple(vocab: int, rows: int, recorded) -> int:
+    """A vocab_multiple under which `vocab` pads to exactly `rows`: the recorded one, else the largest power of 2."""
+    candidates = ([recorded] if isinstance(recorded, int) and recorded > 0 else []) + [2 ** k for k in range(7, -1, -1)]
+    for m in candidates + [rows]:  # m = rows always works once vocab <= rows
+        if math.ceil(vocab / m) * m == rows:
+            return m
+    raise AssertionError("unreachable")
+
+
+def _load_tensors(path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
+    if single.is_file() or index.is_file():
+        from safetensors.torch import load_file
+    if single.is_file():
+        return single, load_file(str(single))
+    if index.is_file():  # sharded by HF's save_pretrained for big models
+        tensors = {}
+        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+            tensors.update(load_file(str(path / shard)))
+        return index, tensors
+    binary = path / "pytorch_model.bin"
+    if binary.is_file():
+        try:  # weights_only: a checkpoint from elsewhere must never run code while unpickling
+            tensors = torch.load(binary, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"{binary}: refused, holds more than tensors (loaded with weights_only=True): "
+                             f"{first}") from None
+        if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+            raise ValueError(f"{binary}: not a flat dict of tensors")
+        return binary, tensors
+    raise FileNotFoundError(f"{path}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+
+
+def import_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Read a Hugging Face GPT-2 directory into (ModelConfig, scaletrain state dict).
+
+    Accepts `model.safetensors` (single or sharded) or `pytorch_model.bin` (tensors only, never arbitrary pickle).
+    Tensors keep their stored dtype; `head.weight` is the same tensor object as `embed.tok.weight`. Raises
+    FileNotFoundError for a missing directory or file and ValueError for anything that is not a plain GPT-2.
+    """
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{cfg_file}: no such file")
+    hf = json.loads(cfg_file.read_text())
+    problems = {"model_type": (hf.get("model_type"), ("gpt2",)),
+                "activation_function": (hf.get("activation_function", "gelu_new"), _TANH_GELUS),
+                "scale_attn_weights": (hf.get("scale_attn_weights", True), (True,)),
+                "scale_attn_by_inverse_layer_idx": (hf.get("scale_attn_by_inverse_layer_idx", False), (False,)),
+                "add_cross_attention": (hf.get("add_cross_attention", False), (False,))}
+    for key, (value, allowed) in problems.items():
+        if value not in allowed:
+            raise ValueError(f"{cfg_file}: {key}={value!r} is not supported (need {' or '.join(map(repr, allowed))})")
+    try:
+        rows, d = int(hf["vocab_size"]), int(hf["n_embd"])
+        n_layers, n_heads, seq_len = int(hf["n_layer"]), int(hf["n_head"]), int(hf["n_positions"])
+    except KeyError as e:
+        raise ValueError(f"{cfg_file}: missing {e.args[0]!r}") from None
+    if d % n_heads:
+        raise ValueError(f"{cfg_file}: n_head={n_heads} does not divide n_embd={d}")
+    vocab = int(hf.get("scaletrain_vocab_size", rows))
+    if not 0 < vocab <= rows:
+        raise ValueError(f"{cfg_file}: scaletrain_vocab_size={vocab} does not fit vocab_size={rows}")
+    cfg = ModelConfig(n_layers=n_layers, d_model=d, n_heads=n_heads, d_ff=int(hf.get("n_inner") or 0),
+                      seq_len=seq_len, vocab_size=vocab,
+                      vocab_multiple=_vocab_multiple(vocab, rows, hf.get("scaletrain_vocab_multiple")),
+                      ln_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+                      init_std=float(hf.get("initializer_range", ModelConfig.init_std)))
+
+    source, raw = _load_tensors(path)
+    # Original OpenAI-converted files have no "transformer." prefix and carry the causal-mask buffers.
+    tensors = {k.removeprefix("transformer."): v for k, v in raw.items()
+               if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+    lm_head = tensors.pop("lm_head.weight", None)
+    if lm_head is not None and not torch.equal(lm_head, tensors.get("wte.weight", lm_head)):
+        raise ValueError(f"{source}: lm_head.weight differs from wte.weight; scaletrain needs a tied output layer")
+
+    def take(key: str, shape: tuple[int, ...]) -> torch.Tensor:
+        if key not in tensors:
+            raise ValueError(f"{source}: missing tensor {key!r}")
+        t = tensors.pop(key)
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{source}: {key} has shape {tuple(t.shape)}, config.json implies {shape}")
+        return t
+
+    sd: dict[str, torch.Tensor] = {}
+    shapes = _expected_shapes(cfg)
+    sd["embed.tok.weight"] = take("wte.weight", shapes["embed.tok.weight"])
+    sd["embed.pos.weight"] = take("wpe.weight", shapes["embed.pos.weight"])
+    for i in range(n_layers):
+        for ours, hf_name in _BLOCK.items():
+            key = f"blocks.{i}.{ours}."
+            transpose = not ours.startswith("ln")
+            w_shape = shapes[key + "weight"][::-1] if transpose else shapes[key + "weight"]
+            w, b = take(f"h.{i}.{hf_name}.weight", w_shape), take(f"h.{i}.{hf_name}.bias", shapes[key + "bias"])
+            w = w.T.contiguous() if transpose else w
+            if ours == "attn.qkv":
+                w, b = _qkv_rows(w, n_heads, to_hf=False), _qkv_rows(b, n_heads, to_hf=False)
+            sd[key + "weight"], sd[key + "bias"] = w.contiguous(), b.contiguous()
+    sd["ln_f.weight"] = take("ln_f.weight", shapes["ln_f.weight"])
+    sd["ln_f.bias"] = take("ln_f.bias", shapes["ln_f.bias"])
+    if tensors:
+        raise ValueError(f"{source}: unexpected tensors {sorted(tensors)[:5]}")
+    sd["head.weight"] = sd["embed.tok.weight"]
+    return cfg, sd

@@ -1,0 +1,59 @@
+"""Checkpoints: a crashed run resumed with --resume auto ends exactly like the uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scaletrain.bench.checker import check_log
+from scaletrain.bench.harness import run_once
+from scaletrain.checkpoint.store import complete_checkpoints, verify
+from scaletrain.train.engine import Trainer
+
+from test_train_e2e import read_jsonl, tiny_config
+
+CKPT = ["checkpoint.interval_steps=1", "checkpoint.keep=2", "train.target_eval_loss=0.1", "train.max_steps=40"]
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def _run(corpus, run_dir, *extra, crash_at=None, monkeypatch=None):
+    cfg = tiny_config(corpus, run_dir, *CKPT, *extra)
+    trainer = Trainer(cfg, run_dir)
+    if crash_at is not None:
+        real = Trainer.train_step
+
+        def crashing(self):
+            if self.step == crash_at:
+                raise Crash(f"simulated crash at step {crash_at}")
+            return real(self)
+        monkeypatch.setattr(Trainer, "train_step", crashing)
+    try:
+        return run_once(cfg, trainer, run_dir), cfg
+    finally:
+        if crash_at is not None:
+            monkeypatch.setattr(Trainer, "train_step", real)
+
+
+def test_crash_and_resume_is_bit_exact_and_log_stays_valid(excerpt_corpus, tmp_path, monkeypatch):
+    ref, _ = _run(excerpt_corpus, tmp_path / "ref")
+    run = tmp_path / "run"
+    with pytest.raises(Crash):
+        _run(excerpt_corpus, run, crash_at=25, monkeypatch=monkeypatch)
+    ckpts = complete_checkpoints(run / "checkpoints")
+    assert [p.name for p in ckpts] == ["step_00000010", "step_00000020"]  # keep=2, saved after each evaluation
+    for p in ckpts:
+        verify(p)
+    result, cfg = _run(excerpt_corpus, run, "checkpoint.resume=auto")
+    assert result["status"] == ref["status"] and result["steps"] == ref["steps"] == 40
+    assert [e["eval_loss"] for e in result["evals"]] == [e["eval_loss"] for e in ref["evals"]]  # bitwise
+    losses = {r["step"]: r["loss"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r}
+    ref_losses = {r["step"]: r["loss"] for r in read_jsonl(tmp_path / "ref" / "metrics.jsonl") if "loss" in r}
+    assert losses == ref_losses
+    log = (run / "mllog.txt").read_text()
+    assert log.count('"key": "run_start"') == 1 and log.count('"key": "run_stop"') == 1
+    assert check_log(run / "mllog.txt", cfg.bench.benchmark).ok
+    assert json.loads((run / "result.json").read_text())["time_to_train_s"] > 0
