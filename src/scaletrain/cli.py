@@ -26,12 +26,38 @@ def _config(args) -> "object":
     return resolve(args.preset, args.config, args.overrides)
 
 
+def _apply_resume(cfg, args) -> None:
+    if getattr(args, "resume", None):
+        cfg.checkpoint.resume = args.resume
+
+
+def cmd_export(args) -> int:
+    """Export a checkpoint's weights as a Hugging Face GPT-2 directory (config.json + model.safetensors)."""
+    from scaletrain.checkpoint.checkpointer import load_full_model
+    from scaletrain.checkpoint.hf import export_hf
+    from scaletrain.checkpoint.store import complete_checkpoints
+    path = Path(args.checkpoint)
+    if not (path / "manifest.json").exists() and complete_checkpoints(path / "checkpoints"):
+        path = complete_checkpoints(path / "checkpoints")[-1]  # a run directory: its newest checkpoint
+    elif not (path / "manifest.json").exists() and complete_checkpoints(path):
+        path = complete_checkpoints(path)[-1]
+    from scaletrain.checkpoint.store import CheckpointError
+    cfg, model = load_full_model(path)
+    try:
+        out = export_hf(model.state_dict(), cfg.model, args.hf)
+    except (ValueError, FileExistsError) as exc:
+        raise CheckpointError(str(exc)) from None
+    print(f"{path} -> {out} (load with transformers.GPT2LMHeadModel.from_pretrained)")
+    return 0
+
+
 def cmd_train(args) -> int:
     """One training run with MLLOG, metrics and result.json in the run directory.
 
     Launch with torchrun for several ranks; --dry-run validates the layout for --world-size ranks instead.
     """
     cfg = _config(args)
+    _apply_resume(cfg, args)
     if args.run_dir:
         cfg.train.run_dir = args.run_dir
     if args.dry_run:
@@ -60,6 +86,7 @@ def cmd_bench(args) -> int:
     """N MLPerf-style runs with distinct seeds, each log checked, olympic score, summary.json."""
     from scaletrain.train.run import bench
     cfg = _config(args)
+    _apply_resume(cfg, args)
     if args.runs:
         cfg.bench.runs = args.runs
     summary = bench(cfg, Path(args.out))
@@ -123,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train one run to the quality target", description=cmd_train.__doc__)
     _add_config_args(p)
     p.add_argument("--run-dir", help="run directory (default: train.run_dir)")
+    p.add_argument("--resume", help="auto (newest complete checkpoint), none, or a checkpoint directory")
     p.add_argument("--dry-run", action="store_true",
                    help="validate the parallel layout on a fake process group and estimate memory per GPU; no training")
     p.add_argument("--world-size", type=int, default=0, help="ranks for --dry-run (default: $WORLD_SIZE or 1)")
@@ -136,7 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--runs", type=int, default=0, help="number of runs (default: bench.runs)")
     p.add_argument("--out", default="runs/bench", help="output directory (default runs/bench)")
+    p.add_argument("--resume", help="auto: keep finished runs, resume the interrupted one from its checkpoint")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("export", help="export checkpoint weights to Hugging Face GPT-2 format",
+                       description=cmd_export.__doc__)
+    p.add_argument("checkpoint", help="a checkpoint directory (step_N), a checkpoints/ folder or a run directory")
+    p.add_argument("--hf", required=True, metavar="DIR", help="output directory (replaced atomically)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("data", help="prepare datasets")
     dsub = p.add_subparsers(dest="data_command", required=True)
@@ -210,10 +245,11 @@ def _leave_process_group() -> None:
 
 
 def _run(args) -> int:
+    from scaletrain.checkpoint.store import CheckpointError
     from scaletrain.data.indexed import DataError
     try:
         return args.func(args)
-    except (ConfigError, DataError, FileNotFoundError) as exc:
+    except (ConfigError, DataError, CheckpointError, FileNotFoundError) as exc:
         print(f"scaletrain: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -286,11 +286,20 @@ def run_benchmark(cfg: Config, make_engine: Callable[[Config, int, Path], Engine
         run_cfg = copy.deepcopy(cfg)
         run_cfg.train.seed = int(seed)
         run_cfg.train.run_dir = str(run_dir)
-        if writer:
-            run_cfg.save(run_dir)
-            console.print(f"[bold]run {i}[/bold] seed {seed} -> {run_dir}")
-        result = run_once(run_cfg, make_engine(run_cfg, int(seed), run_dir), run_dir,
-                          dp_size=dp_size, platform=platform, writer=writer)
+        if cfg.checkpoint.dir:
+            run_cfg.checkpoint.dir = str(Path(cfg.checkpoint.dir) / f"run_{i}")  # runs must not share checkpoints
+        finished = _finished_result(run_dir) if cfg.checkpoint.resume == "auto" else None
+        if finished is not None:
+            # A restarted benchmark keeps the runs that already ended and resumes the one that was cut short.
+            result = finished
+            if writer:
+                console.print(f"[bold]run {i}[/bold] seed {seed}: already finished ({result['status']}), kept")
+        else:
+            if writer:
+                run_cfg.save(run_dir)
+                console.print(f"[bold]run {i}[/bold] seed {seed} -> {run_dir}")
+            result = run_once(run_cfg, make_engine(run_cfg, int(seed), run_dir), run_dir,
+                              dp_size=dp_size, platform=platform, writer=writer)
         compliance: dict[str, Any] = {"ok": None, "command": None}
         if cfg.bench.check and writer:
             check = check_log(run_dir / "mllog.txt", cfg.bench.benchmark)
@@ -322,6 +331,18 @@ def run_benchmark(cfg: Config, make_engine: Callable[[Config, int, Path], Engine
     _write_json(out_dir / "summary.json", summary)
     _print_summary(console, summary)
     return summary
+
+
+def _finished_result(run_dir: Path) -> dict | None:
+    """result.json of a run that ended on its own (success or aborted, not crashed), else None."""
+    path = Path(run_dir) / "result.json"
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if result.get("error") is None and result.get("status") in (C.SUCCESS, C.ABORTED):
+        return result
+    return None
 
 
 def _seed_check(logs: list[str]) -> bool:

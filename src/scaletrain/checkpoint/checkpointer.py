@@ -34,6 +34,24 @@ def _options():
     return _OPTIONS
 
 
+def _dcp_exception() -> type:
+    from torch.distributed.checkpoint.api import CheckpointException
+    return CheckpointException
+
+
+def _cause(exc: BaseException) -> str:
+    """The root error of a failed save in one line (DCP wraps per-rank exceptions in CheckpointException)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        exc = next(iter(failures.values()))
+        if isinstance(exc, tuple) and exc and isinstance(exc[0], BaseException):  # (exception, traceback summary)
+            exc = exc[0]
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
@@ -114,9 +132,9 @@ class Checkpointer:
             else:
                 dcp.save(flat, storage_writer=writer)
                 self._publish(tmp, final, info, my_files)
-        except OSError as exc:
+        except (Exception, _dcp_exception()) as exc:  # OSError, or DCP's wrapper (a BaseException) around it
             self._abandon(tmp)
-            raise CheckpointError(f"checkpoint save at step {step} into {tmp} failed: {exc.strerror or exc}; "
+            raise CheckpointError(f"checkpoint save at step {step} into {tmp} failed: {_cause(exc)}; "
                                   f"earlier checkpoints are untouched") from None
         self.last_step, self.last_time = step, time.monotonic()
         return final
@@ -130,9 +148,9 @@ class Checkpointer:
         try:
             future.result()
             self._publish(tmp, final, info, my_files)
-        except OSError as exc:
+        except (Exception, _dcp_exception()) as exc:
             self._abandon(tmp)
-            raise CheckpointError(f"asynchronous checkpoint save into {tmp} failed: {exc.strerror or exc}; "
+            raise CheckpointError(f"asynchronous checkpoint save into {tmp} failed: {_cause(exc)}; "
                                   f"earlier checkpoints are untouched") from None
 
     def _write_sidecars(self, tmp: Path, info: dict, rank: int) -> list[str]:
@@ -216,9 +234,8 @@ class Checkpointer:
         self._check_shapes(path, flat)
         try:
             dcp.load(flat, checkpoint_id=str(path))
-        except Exception as exc:  # DCP wraps per-rank failures; keep the first line, name the checkpoint
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CheckpointError(f"{path}: load failed: {first}") from None
+        except (Exception, _dcp_exception()) as exc:  # DCP wraps per-rank failures: name the checkpoint
+            raise CheckpointError(f"{path}: load failed: {_cause(exc)}") from None
         for part, opt, (msd, osd) in zip(parts, optimizers, per_part):
             set_model_state_dict(part, msd)
             set_optimizer_state_dict(part, opt, osd, options=_options())
@@ -251,3 +268,22 @@ def trainer_state(step: int, cfg, layout, harness: dict | None) -> dict:
     return {"consumed_samples": step * cfg.train.global_batch_size, "seed": cfg.train.seed,
             "layout": layout.describe(), "world_size": layout.world_size, "harness": harness or {},
             "config": cfg.to_dict(), "pid": os.getpid(), "time": time.time()}
+
+
+def load_full_model(path: Path, verify_mode: str = "sha256"):
+    """(Config, plain GPT with the checkpoint's weights) in this process, whatever layout saved it."""
+    import json
+
+    import torch.distributed.checkpoint as dcp
+
+    from scaletrain.config import from_dict
+    from scaletrain.model.gpt import GPT
+    path = Path(path)
+    store.verify(path, verify_mode)
+    cfg = from_dict(json.loads((path / store.TRAINER).read_text())["config"])
+    model = GPT(cfg.model)
+    flat = {f"model.{k}": v for k, v in model.state_dict().items()}
+    Checkpointer(cfg, path.parent)._check_shapes(path, flat)
+    dcp.load(flat, checkpoint_id=str(path), no_dist=True)
+    model.tie_weights()
+    return cfg, model
