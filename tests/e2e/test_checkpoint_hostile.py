@@ -66,10 +66,12 @@ def test_bit_flip_is_detected_and_auto_falls_back(excerpt_corpus, run_copy, caps
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x10
     shard.write_bytes(bytes(data))
-    assert _finder(excerpt_corpus, run_copy).find("auto") == _ckpt(run_copy, 2)
-    assert "skipping damaged checkpoint" in capsys.readouterr().out
     with pytest.raises(CheckpointError, match=r"distcp: sha256 differs"):
         _finder(excerpt_corpus, run_copy).find(str(_ckpt(run_copy, 4)))
+    assert _finder(excerpt_corpus, run_copy).find("auto") == _ckpt(run_copy, 2)
+    assert "skipping damaged checkpoint" in capsys.readouterr().out
+    # Moved aside, not deleted and not in the way of the next save of step 4.
+    assert not _ckpt(run_copy, 4).exists() and len(list((run_copy / "checkpoints").glob("step_00000004.damaged-*"))) == 1
 
 
 def test_missing_shard_names_the_file(excerpt_corpus, run_copy):

@@ -211,7 +211,11 @@ class Checkpointer:
                             found = str(path)
                             break
                         except CheckpointError as exc:
-                            print(f"scaletrain: warning: skipping damaged checkpoint: {exc}", flush=True)
+                            # Set aside (kept for inspection): left in place it would block the save of its step.
+                            aside = path.with_name(f"{path.name}.damaged-{int(time.time())}")
+                            os.replace(path, aside)
+                            print(f"scaletrain: warning: skipping damaged checkpoint: {exc}; moved to {aside}",
+                                  flush=True)
                 else:
                     store.verify(Path(resume), self.verify_mode)
                     found = str(resume)

@@ -134,7 +134,12 @@ def prune(root: Path, keep: int, protect: Path | None = None) -> list[Path]:
     complete = complete_checkpoints(root)
     for path in complete[:-keep] if keep > 0 else []:
         if path != protect:
-            shutil.rmtree(path, ignore_errors=True)
+            # Unpublish first (rename back to .tmp): a kill mid-delete must leave a discardable .tmp, never a
+            # step_<N> with its manifest but missing files, nor one without a manifest that is never pruned.
+            doomed = path.with_name(path.name + ".tmp")
+            shutil.rmtree(doomed, ignore_errors=True)
+            os.replace(path, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
             removed.append(path)
     for path in Path(root).glob("step_*.tmp"):
         if path != protect:
