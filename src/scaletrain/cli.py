@@ -232,15 +232,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scaletrain: error: {exc}", file=sys.stderr)
         return 2
     args = build_parser().parse_args(argv)
+    code = 1
     try:
-        return _run(args)
+        code = _run(args)
+        return code
     finally:
-        _leave_process_group()
+        _leave_process_group(clean=code in (0, 1))
 
 
-def _leave_process_group() -> None:
+def _leave_process_group(clean: bool) -> None:
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
+        if clean:
+            # Rank 0 still checks logs and writes the summary; tearing gloo down on the other ranks meanwhile
+            # has aborted a process at exit ("terminate called without an active exception").
+            dist.barrier()
         dist.destroy_process_group()
 
 
