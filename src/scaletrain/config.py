@@ -31,13 +31,17 @@ class ConfigError(ValueError):
 @dataclass
 class ModelConfig:
     arch: str = "gpt3"
-    """Architecture family. Only "gpt3" (GPT-2/GPT-3 decoder: learned positions, pre-LN, tanh GELU, tied embeddings)."""
+    """Architecture family: "gpt3" (GPT-2/GPT-3 decoder: learned positions, pre-LN, tanh GELU, tied embeddings) or
+    "llama" (RMSNorm, SwiGLU, rotary positions, grouped-query attention, untied head; simulator only until the
+    Llama model lands)."""
     n_layers: int = 4
     """Number of transformer blocks."""
     d_model: int = 256
     """Hidden size h."""
     n_heads: int = 4
     """Attention heads; must divide d_model."""
+    n_kv_heads: int = 0
+    """Key/value heads for grouped-query attention (llama); 0 means n_heads (plain multi-head attention)."""
     d_ff: int = 0
     """Feed-forward inner size; 0 means 4 * d_model (the GPT-3 ratio)."""
     seq_len: int = 256
@@ -52,6 +56,11 @@ class ModelConfig:
     """Std of the normal init of every weight matrix and embedding (MLPerf gpt3: 0.006)."""
 
     @property
+    def kv_heads(self) -> int:
+        """Key/value heads after resolving the 0 default."""
+        return self.n_kv_heads or self.n_heads
+
+    @property
     def ffn_size(self) -> int:
         """Feed-forward inner size after resolving the 0 default."""
         return self.d_ff or 4 * self.d_model
@@ -61,6 +70,18 @@ class ModelConfig:
         """Vocabulary rows actually allocated: vocab_size rounded up to vocab_multiple."""
         m = self.vocab_multiple
         return int(math.ceil(self.vocab_size / m) * m)
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 0
+    """LoRA rank r; 0 trains the whole model (no adapters)."""
+    alpha: float = 32.0
+    """LoRA alpha; the adapter output is scaled by alpha / rank."""
+    dropout: float = 0.1
+    """Dropout on the adapter input."""
+    targets: list = field(default_factory=lambda: ["qkv", "proj"])
+    """Projections that get adapters: any of "qkv", "proj" (attention output), "fc1", "fc2"."""
 
 
 @dataclass
@@ -203,6 +224,8 @@ class BenchConfig:
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     """Model shape."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Low-rank adapters (llama2_70b_lora); rank 0 = full training."""
     data: DataConfig = field(default_factory=DataConfig)
     """Datasets and tokenizer."""
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -242,8 +265,16 @@ class Config:
 
 def _problems(c: Config):
     m, t, o, b = c.model, c.train, c.optim, c.bench
-    if m.arch != "gpt3":
-        yield f"model.arch={m.arch!r}: only 'gpt3' is supported"
+    if m.arch not in ARCHS:
+        yield f"model.arch={m.arch!r}: must be one of {list(ARCHS)}"
+    if m.n_kv_heads < 0 or (m.n_kv_heads and m.n_heads % m.n_kv_heads):
+        yield f"model.n_kv_heads={m.n_kv_heads}: must be 0 or divide model.n_heads={m.n_heads}"
+    lo = c.lora
+    if lo.rank < 0 or lo.alpha <= 0 or not (0 <= lo.dropout < 1):
+        yield "lora.rank must be >= 0, lora.alpha > 0 and lora.dropout in [0, 1)"
+    for target in lo.targets:
+        if target not in LORA_TARGETS:
+            yield f"lora.targets: {target!r} is not one of {list(LORA_TARGETS)}"
     for name in ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size", "vocab_multiple"):
         if getattr(m, name) <= 0:
             yield f"model.{name}={getattr(m, name)}: must be > 0"
@@ -306,6 +337,8 @@ def _problems(c: Config):
 
 
 BENCHMARKS = ("gpt3", "gpt3-proxy")
+ARCHS = ("gpt3", "llama")
+LORA_TARGETS = ("qkv", "proj", "fc1", "fc2")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
 
@@ -374,6 +407,12 @@ def _coerce(value: Any, current: Any, path: str, where: str) -> Any:
                 pass
     elif kind is str:
         return str(value)
+    elif kind is list:
+        if isinstance(value, list):
+            return [str(v) for v in value]
+        if isinstance(value, str):
+            # --set lora.targets=qkv,proj
+            return [v.strip() for v in value.strip("[]").replace("'", "").replace('"', "").split(",") if v.strip()]
     return _bad(path, value, kind, where)
 
 

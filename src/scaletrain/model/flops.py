@@ -33,9 +33,36 @@ def peak_tflops(device) -> tuple[str, float] | None:
     return None
 
 
+def _attn_proj_params(cfg: ModelConfig) -> int:
+    """Weights of the fused QKV and output projections of one layer (grouped-query K/V are narrower)."""
+    h, hd = cfg.d_model, cfg.d_model // cfg.n_heads
+    return h * (h + 2 * cfg.kv_heads * hd) + h * h
+
+
+def _mlp_params(cfg: ModelConfig) -> int:
+    """Weights of one layer's MLP: two matrices (GELU) or three (SwiGLU gate, up, down)."""
+    return (3 if cfg.arch == "llama" else 2) * cfg.d_model * cfg.ffn_size
+
+
+def lora_params(cfg: ModelConfig, rank: int, targets=("qkv", "proj")) -> int:
+    """Adapter parameters: r * (fan_in + fan_out) per adapted projection per layer."""
+    if rank <= 0:
+        return 0
+    h, f, hd = cfg.d_model, cfg.ffn_size, cfg.d_model // cfg.n_heads
+    fans = {"qkv": (h, h + 2 * cfg.kv_heads * hd), "proj": (h, h), "fc1": (h, f * (2 if cfg.arch == "llama" else 1)),
+            "fc2": (f, h)}
+    return cfg.n_layers * sum(rank * sum(fans[t]) for t in targets)
+
+
 def num_params(cfg: ModelConfig, include_embeddings: bool = True) -> int:
-    """Trainable parameters of the gpt3 model (tied head counted once, padded vocabulary rows included)."""
+    """Parameters of the base model (tied head counted once, padded vocabulary rows included; no adapters)."""
     h, f, l = cfg.d_model, cfg.ffn_size, cfg.n_layers
+    if cfg.arch == "llama":
+        per_layer = _attn_proj_params(cfg) + _mlp_params(cfg) + 2 * h   # two RMSNorm weights, no biases
+        total = l * per_layer + h                                       # final RMSNorm
+        if include_embeddings:
+            total += 2 * cfg.padded_vocab * h                           # untied input and output embeddings
+        return total
     per_layer = (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + 4 * h
     total = l * per_layer + 2 * h
     if include_embeddings:
@@ -43,14 +70,29 @@ def num_params(cfg: ModelConfig, include_embeddings: bool = True) -> int:
     return total
 
 
-def flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> float:
-    """Training (forward + backward) model FLOPs per token at sequence length `seq_len` (default: the model's)."""
-    h, f, l, v = cfg.d_model, cfg.ffn_size, cfg.n_layers, cfg.padded_vocab
+def forward_flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, float]:
+    """Forward model FLOPs per token by kind: "gemm" (layer weights), "attn" (QK^T and AV), "logits"."""
+    h, l, v = cfg.d_model, cfg.n_layers, cfg.padded_vocab
     s = seq_len or cfg.seq_len
-    # Forward per token: QKV + attention output (8h^2), two FFN GEMMs (4hf), QK^T and AV over s keys (4sh),
-    # then the logit GEMM (2hV). Backward doubles it.
-    forward = 2 * l * (4 * h * h + 2 * h * f + 2 * s * h) + 2 * h * v
-    return 3.0 * forward
+    # Full s^2 attention (no causal halving), as Megatron counts it: QK^T and AV are 2*s*h multiply-adds each.
+    return {"gemm": 2.0 * l * (_attn_proj_params(cfg) + _mlp_params(cfg)),
+            "attn": 2.0 * l * 2 * s * h,
+            "logits": 2.0 * h * v}
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, lora_rank: int = 0,
+                    lora_targets=("qkv", "proj")) -> float:
+    """Training (forward + backward) model FLOPs per token at sequence length `seq_len` (default: the model's).
+
+    Full training: backward = 2x forward. With LoRA (rank > 0) the base weights are frozen, so their GEMMs
+    need only the input gradient in backward (1x forward), attention keeps its 2x, and the adapters add
+    3 x 2 x their parameters.
+    """
+    fwd = forward_flops_per_token(cfg, seq_len)
+    if lora_rank <= 0:
+        return 3.0 * sum(fwd.values())
+    adapters = lora_params(cfg, lora_rank, lora_targets)
+    return 2.0 * (fwd["gemm"] + fwd["logits"]) + 3.0 * fwd["attn"] + 6.0 * adapters
 
 
 def mfu(tokens_per_s: float, cfg: ModelConfig, peak_flops: float) -> float:

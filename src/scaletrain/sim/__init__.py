@@ -1,0 +1,6 @@
+"""Analytical performance model and planner: step time, memory and MLPerf time-to-train for GPU clusters.
+
+Pure Python (no torch at import): `workload` turns the trainer's model config into shapes and FLOPs, `catalog`
+holds hardware, `compute`/`comm`/`schedule`/`memory` price one step, `mlperf` turns steps into time-to-train,
+`calibrate` fits the few free scalars on published results, and `plan` searches layouts.
+"""

@@ -1,0 +1,197 @@
+"""Hardware catalog: GPUs, nodes (NVLink domains) and scale-out fabrics, loaded from TOML data files.
+
+The shipped files live in `sim/hardware/*.toml`, each entry with its source. Users add or override entries
+with their own TOML (same tables: [gpus.<key>], [nodes.<key>], [fabrics.<key>]) through `--catalog FILE`
+or $SCALETRAIN_CATALOG (colon-separated files).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import MISSING, dataclass, fields
+from importlib import resources
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class CatalogError(ValueError):
+    """A catalog entry is missing, unknown or malformed; the message names the file and entry."""
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One accelerator: dense peaks, measured ceilings, memory."""
+    key: str
+    name: str
+    bf16_tflops: float
+    fp8_tflops: float
+    matmul_bf16_tflops: float
+    matmul_fp8_tflops: float
+    attn_tflops: float
+    hbm_gb: float
+    hbm_tbps: float
+    hbm_copy_tbps: float
+    nvlink_gbps: float
+    kernel_us: float
+    source: str
+    gemm_curve_bf16: tuple = ()
+    """Optional measured [(GFLOP, TFLOP/s), ...] for bf16 GEMMs; replaces the kernel_us roll-off."""
+    gemm_curve_fp8: tuple = ()
+    """Optional measured curve for FP8 GEMMs."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node: GPUs sharing NICs, and the NVLink domain they sit in."""
+    key: str
+    name: str
+    gpu: str
+    gpus_per_node: int
+    nvlink_domain: int
+    nvlink_busbw_gbps: float
+    nvls_busbw_gbps: float
+    nics: int
+    fabric: str
+    source: str
+    nvlink_alpha_us: float = 2.0
+    """Latency of one ring step over NVLink (NCCL's intra-node base latency is a few microseconds)."""
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """A scale-out network: per-NIC bus bandwidth, latency, switch radix, in-network reduction."""
+    key: str
+    name: str
+    link_gbit: float
+    busbw_gbps: float
+    alpha_us: float
+    hop_us: float
+    radix: int
+    sharp: bool
+    source: str
+
+    def tiers(self, endpoints: int) -> int:
+        """Switch levels of a non-blocking fat tree reaching `endpoints` NICs (1 leaf, 2 to radix^2/2, ...)."""
+        level, reach = 1, self.radix
+        while reach < endpoints:
+            level += 1
+            reach = reach * self.radix // 2
+        return level
+
+
+_KINDS = {"gpus": GPU, "nodes": Node, "fabrics": Fabric}
+# A GPU's default node when --node is not given.
+DEFAULT_NODE = {"a100": "dgx-a100", "h100": "hgx-h100", "h200": "hgx-h200", "b200": "dgx-b200",
+                "gb200": "gb200-nvl72", "gb300": "gb300-nvl72"}
+
+
+@dataclass
+class Catalog:
+    """All known hardware, by key."""
+    gpus: dict
+    nodes: dict
+    fabrics: dict
+
+    def gpu(self, key: str) -> GPU:
+        """The GPU `key` (case-insensitive), or a CatalogError listing the known ones."""
+        return self._get("gpus", key)
+
+    def node(self, key: str) -> Node:
+        """The node `key`."""
+        return self._get("nodes", key)
+
+    def fabric(self, key: str) -> Fabric:
+        """The fabric `key`."""
+        return self._get("fabrics", key)
+
+    def _get(self, kind: str, key: str):
+        table = getattr(self, kind)
+        found = table.get(str(key).lower())
+        if found is None:
+            raise CatalogError(f"unknown {kind[:-1]} {key!r}; known: {', '.join(sorted(table))}")
+        return found
+
+    def system(self, gpu: str, node: str | None = None, fabric: str | None = None) -> tuple[GPU, Node, Fabric]:
+        """Resolve a (gpu, node, fabric) triple, checking the node holds that GPU."""
+        g = self.gpu(gpu)
+        n = self.node(node or DEFAULT_NODE.get(g.key, ""))
+        if n.gpu != g.key:
+            raise CatalogError(f"node {n.key!r} holds {n.gpu!r} GPUs, not {g.key!r}")
+        return g, n, self.fabric(fabric or n.fabric)
+
+
+def _build(kind: str, key: str, table: dict, where: str):
+    cls = _KINDS[kind]
+    names = {f.name for f in fields(cls)} - {"key"}
+    required = {f.name for f in fields(cls) if f.name != "key" and f.default is MISSING}
+    unknown = set(table) - names
+    missing = required - set(table)
+    if unknown or missing:
+        raise CatalogError(f"{where}: [{kind}.{key}] " + "; ".join(
+            ([f"unknown fields {sorted(unknown)}"] if unknown else []) +
+            ([f"missing fields {sorted(missing)}"] if missing else [])))
+    values = {}
+    for f in fields(cls):
+        if f.name == "key" or f.name not in table:
+            continue
+        value = table[f.name]
+        try:
+            if f.type in ("float",):
+                value = float(value)
+                if value < 0:
+                    raise ValueError("must be >= 0")
+            elif f.type in ("int",):
+                if isinstance(value, bool) or int(value) != value or value < 1:
+                    raise ValueError("must be a positive integer")
+                value = int(value)
+            elif f.type in ("bool",):
+                if not isinstance(value, bool):
+                    raise ValueError("must be true or false")
+            elif f.type in ("tuple",):
+                value = tuple((float(a), float(b)) for a, b in value)
+            else:
+                value = str(value)
+        except (TypeError, ValueError) as exc:
+            raise CatalogError(f"{where}: [{kind}.{key}] {f.name}={table[f.name]!r}: {exc}") from None
+        values[f.name] = value
+    return cls(key=key.lower(), **values)
+
+
+def _merge_file(cat: Catalog, text: str, where: str, nested: str | None) -> None:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"{where}: not valid TOML: {exc}") from None
+    tables = {nested: data} if nested else data
+    for kind, entries in tables.items():
+        if kind not in _KINDS:
+            raise CatalogError(f"{where}: unknown table [{kind}] (use gpus, nodes or fabrics)")
+        for key, table in entries.items():
+            getattr(cat, kind)[key.lower()] = _build(kind, key, table, where)
+
+
+def load_catalog(extra: list[str] | tuple[str, ...] = ()) -> Catalog:
+    """The shipped catalog, then $SCALETRAIN_CATALOG files, then `extra` files (later entries win)."""
+    cat = Catalog({}, {}, {})
+    root = resources.files("scaletrain.sim") / "hardware"
+    for kind in ("gpus", "nodes", "fabrics"):
+        _merge_file(cat, (root / f"{kind}.toml").read_text(), f"hardware/{kind}.toml", kind)
+    env = [p for p in os.environ.get("SCALETRAIN_CATALOG", "").split(os.pathsep) if p]
+    for path in [*env, *extra]:
+        p = Path(path)
+        if not p.is_file():
+            raise CatalogError(f"catalog file {path}: no such file")
+        _merge_file(cat, p.read_text(), str(p), None)
+    for node in cat.nodes.values():
+        if node.gpu not in cat.gpus:
+            raise CatalogError(f"node {node.key!r} names unknown gpu {node.gpu!r}")
+        if node.fabric not in cat.fabrics:
+            raise CatalogError(f"node {node.key!r} names unknown fabric {node.fabric!r}")
+        if node.nvlink_domain % node.gpus_per_node:
+            raise CatalogError(f"node {node.key!r}: nvlink_domain must be a multiple of gpus_per_node")
+    return cat

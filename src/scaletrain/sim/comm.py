@@ -1,0 +1,96 @@
+"""Collective costs: alpha-beta ring formulas per tier, composed hierarchically across NVLink domains and NICs.
+
+Sizes are bytes of the whole buffer S (what nccl-tests calls the message size); bandwidths are nccl-tests bus
+bandwidths in GB/s, so the bandwidth term of a ring all-reduce is 2(n-1)/n * S / busbw and of a reduce-scatter
+or all-gather (n-1)/n * S / busbw (../shared/docs/perf-model.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scaletrain.sim.catalog import GPU, Fabric, Node
+
+GB = 1e9
+
+
+def ring_all_reduce(n: int, size: float, busbw_gbps: float, alpha_us: float) -> float:
+    """Seconds for a ring all-reduce of `size` bytes over n ranks: 2(n-1)a + 2((n-1)/n) S b."""
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) * alpha_us * 1e-6 + 2 * (n - 1) / n * size / (busbw_gbps * GB)
+
+
+def ring_reduce_scatter(n: int, size: float, busbw_gbps: float, alpha_us: float) -> float:
+    """Seconds for a ring reduce-scatter (or all-gather) of a `size`-byte buffer: (n-1)a + ((n-1)/n) S b."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) * alpha_us * 1e-6 + (n - 1) / n * size / (busbw_gbps * GB)
+
+
+ring_all_gather = ring_reduce_scatter
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """GPUs of one kind in nodes of one kind on one fabric, ranks numbered node by node."""
+
+    gpu: GPU
+    node: Node
+    fabric: Fabric
+    gpus: int
+
+    @property
+    def nodes(self) -> int:
+        """Nodes used (the last one may be partly filled)."""
+        return -(-self.gpus // self.node.gpus_per_node)
+
+    def net_alpha_us(self) -> float:
+        """Ring-step latency across the fabric: NIC latency plus two hops per switch tier above the leaf."""
+        tiers = self.fabric.tiers(self.nodes * self.node.nics)
+        return self.fabric.alpha_us + 2 * self.fabric.hop_us * (tiers - 1)
+
+    def placement(self, n: int, stride: int) -> tuple[int, int]:
+        """(members per NVLink domain g, domains k) of an n-rank group whose members are `stride` ranks apart.
+
+        Megatron orders ranks tp fastest, then cp, dp, pp; a group's stride is the product of the faster degrees.
+        """
+        domain = self.node.nvlink_domain
+        if stride >= domain:
+            return 1, n
+        g = max(1, min(n, domain // stride))
+        return g, -(-n // g)
+
+    def collective(self, op: str, n: int, size: float, stride: int = 1) -> float:
+        """Seconds for `op` ("all_reduce", "reduce_scatter", "all_gather") of a `size`-byte buffer over n ranks.
+
+        Inside one NVLink domain: a ring over NVLink (NVLS for all-reduce where the node has it). Across domains:
+        reduce-scatter inside each domain, the inter-domain step on S/g per GPU with every GPU on its own NIC
+        (rail), then all-gather inside the domain; IB SHARP makes the inter-domain all-reduce move ~1x the bytes.
+        """
+        if n <= 1 or size <= 0:
+            return 0.0
+        g, k = self.placement(n, stride)
+        nv = self.node
+        nvl_bw = nv.nvls_busbw_gbps if (op == "all_reduce" and nv.nvls_busbw_gbps > 0) else nv.nvlink_busbw_gbps
+        if k == 1:
+            if op == "all_reduce":
+                return ring_all_reduce(g, size, nvl_bw, nv.nvlink_alpha_us)
+            return ring_reduce_scatter(g, size, nv.nvlink_busbw_gbps, nv.nvlink_alpha_us)
+        intra = ring_reduce_scatter(g, size, nv.nvlink_busbw_gbps, nv.nvlink_alpha_us)
+        shard, bw, alpha = size / g, self.fabric.busbw_gbps, self.net_alpha_us()
+        if op == "all_reduce":
+            if self.fabric.sharp:
+                inter = 2 * alpha * 1e-6 + shard / (bw * GB)
+            else:
+                inter = ring_all_reduce(k, shard, bw, alpha)
+            return 2 * intra + inter
+        return intra + ring_reduce_scatter(k, shard, bw, alpha)
+
+    def p2p(self, size: float, same_domain: bool) -> float:
+        """Seconds to send `size` bytes to a pipeline neighbour (over NVLink, or one NIC across the fabric)."""
+        if size <= 0:
+            return 0.0
+        if same_domain:
+            return self.node.nvlink_alpha_us * 1e-6 + size / (self.gpu.nvlink_gbps * GB)
+        return self.net_alpha_us() * 1e-6 + size / (self.fabric.busbw_gbps * GB)

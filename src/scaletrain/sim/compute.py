@@ -1,0 +1,122 @@
+"""Per-layer compute time on one GPU: GEMMs from the measured ceiling and a size roll-off, flash attention,
+and memory-bound elementwise work, for one micro-batch under a given TP/CP split.
+
+A GEMM of F FLOPs takes F / (ceiling * eff) + kernel_us, where `ceiling` is the measured large-GEMM rate of the
+GPU in that precision and `eff` the software-release efficiency the calibration fits (how close a framework
+release gets to the kernel ceiling inside a training step). With a measured curve in the catalog the curve's rate
+at that size replaces the roll-off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scaletrain.sim.catalog import GPU
+from scaletrain.sim.workload import Layout, Workload
+
+TB = 1e12
+
+# Bytes moved by the memory-bound ops of one layer per token per hidden unit, forward (bf16 activations):
+# two LayerNorms (read+write h each), two bias+residual adds (read 2h, write h each), and the MLP activation
+# (read and write the ffn-wide tensor) counted separately below. Backward moves about twice that.
+_ELEMENTWISE_H_BYTES = 2 * (2 + 2 + 3 + 3)
+# FP8 casts: the bf16 GEMM inputs are read and written as 1-byte FP8 (3 bytes per element) once per GEMM input.
+_FP8_CAST_BYTES = 3
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """Seconds for one layer and one micro-batch on one GPU."""
+    fwd: float
+    """Forward (GEMMs + attention + elementwise)."""
+    bwd: float
+    """Backward, including recomputation."""
+    attn_fwd: float
+    """The attention-core part of fwd (what context-parallel K/V exchange can hide under)."""
+    gemm_fwd: float
+    """The GEMM part of fwd (what TP communication can overlap with)."""
+
+
+def gemm_time(gpu: GPU, flops: float, fp8: bool, eff: float) -> float:
+    """Seconds for one GEMM of `flops` FLOPs."""
+    curve = gpu.gemm_curve_fp8 if fp8 else gpu.gemm_curve_bf16
+    if curve:
+        rate = _interp_curve(curve, flops / 1e9) * TB
+        return flops / (rate * eff)
+    ceiling = (gpu.matmul_fp8_tflops if fp8 and gpu.matmul_fp8_tflops > 0 else gpu.matmul_bf16_tflops) * TB
+    return flops / (ceiling * eff) + gpu.kernel_us * 1e-6
+
+
+def _interp_curve(curve, gflop: float) -> float:
+    pts = sorted(curve)
+    if gflop <= pts[0][0]:
+        return pts[0][1] * gflop / pts[0][0]          # below the smallest point: fixed time, rate falls linearly
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if gflop <= x1:
+            return y0 + (y1 - y0) * (gflop - x0) / (x1 - x0)
+    return pts[-1][1]
+
+
+def layer_gemms(w: Workload, layout: Layout) -> list[tuple[int, int, int]]:
+    """(M, N, K) of the forward GEMMs of one layer and micro-batch on one GPU (adapters included)."""
+    t = layout.tp
+    m = layout.mbs * w.seq_len // layout.cp
+    h, f, hd = w.hidden, w.ffn, w.head_dim
+    qkv = h + 2 * w.kv_heads * hd
+    gemms = [(m, qkv // t, h), (m, h, h // t), (m, f * (2 if w.gated_mlp else 1) // t, h), (m, h, f // t)]
+    if w.lora:
+        fans = {"qkv": (h, qkv // t), "proj": (h // t, h), "fc1": (h, f // t), "fc2": (f // t, h)}
+        for target in w.lora_targets:
+            fan_in, fan_out = fans[target]
+            gemms += [(m, w.lora_rank, fan_in), (m, fan_out, w.lora_rank)]
+    return gemms
+
+
+def layer_times(w: Workload, layout: Layout, gpu: GPU, gemm_eff: float) -> LayerTimes:
+    """Forward and backward seconds of one transformer layer for one micro-batch on one GPU."""
+    t, cp, b, s = layout.tp, layout.cp, layout.mbs, w.seq_len
+    tokens = b * s // cp
+    gemm_f = gemm_b = 0.0
+    base = 4
+    for i, (m, n, k) in enumerate(layer_gemms(w, layout)):
+        one = gemm_time(gpu, 2.0 * m * n * k, layout.fp8 and i < base, gemm_eff)
+        gemm_f += one
+        # Backward: data gradient always; weight gradient only for trained weights (LoRA freezes the base).
+        trained = not w.lora or i >= base
+        gemm_b += one * (2 if trained else 1)
+    # Flash attention computes the causal half of the s^2 work Megatron's FLOPs count; backward recomputes
+    # the scores, about 2.5x the forward.
+    attn_flops = 2 * 2 * b * s * (s / cp) * w.hidden / t * 0.5
+    attn_f = attn_flops / (gpu.attn_tflops * TB * gemm_eff) + 2 * gpu.kernel_us * 1e-6
+    attn_b = 2.5 * attn_f
+    # Elementwise traffic shrinks by t only under sequence parallelism (otherwise every TP rank holds the
+    # whole sequence in the LayerNorm/residual regions).
+    split = t if layout.sp else 1
+    h_bytes = _ELEMENTWISE_H_BYTES * w.hidden / split + 2 * 2 * w.ffn * (2 if w.gated_mlp else 1) / t
+    if layout.fp8:
+        h_bytes += _FP8_CAST_BYTES * (2 * w.hidden + w.hidden / t + w.ffn / t)
+    elem_f = tokens * h_bytes / (gpu.hbm_copy_tbps * TB)
+    fwd = gemm_f + attn_f + elem_f
+    bwd = gemm_b + attn_b + 2 * elem_f
+    if layout.recompute == "full":
+        bwd += fwd
+    elif layout.recompute == "selective":
+        bwd += attn_f
+    return LayerTimes(fwd=fwd, bwd=bwd, attn_fwd=attn_f, gemm_fwd=gemm_f)
+
+
+def logits_times(w: Workload, layout: Layout, gpu: GPU, gemm_eff: float) -> tuple[float, float]:
+    """(forward, backward) seconds of the output layer and loss on the last pipeline stage (bf16)."""
+    tokens = layout.mbs * w.seq_len // layout.cp
+    one = gemm_time(gpu, 2.0 * tokens * w.hidden * w.vocab / layout.tp, False, gemm_eff)
+    # Cross-entropy reads fp32 logits a few times (max, exp-sum, grad).
+    ce = 3 * 4 * tokens * w.vocab / layout.tp / (gpu.hbm_copy_tbps * TB)
+    trained_head = not w.lora
+    return one + ce, one * (2 if trained_head else 1) + ce
+
+
+def embedding_times(w: Workload, layout: Layout, gpu: GPU) -> tuple[float, float]:
+    """(forward, backward) seconds of the input embedding on the first stage (a gather; memory-bound)."""
+    tokens = layout.mbs * w.seq_len // layout.cp
+    moved = 2 * 2 * tokens * w.hidden / (layout.tp if layout.sp else 1)
+    return moved / (gpu.hbm_copy_tbps * TB), 2 * moved / (gpu.hbm_copy_tbps * TB)

@@ -1,0 +1,189 @@
+"""Memory per GPU: weights, gradients, optimizer state and activations on the most loaded pipeline rank.
+
+Formulas are ../docs/perf-model.md "Memory" (mixed-precision Adam bytes/parameter) and Korthikanti et al. 2022,
+"Reducing Activation Recomputation in Large Transformer Models", Table 2 (16-bit activations). Assumptions:
+- Flash attention everywhere: the 5·a·s/h attention-score term (softmax, its dropout mask, dropout output) is never
+  stored, and its per-row log-sum-exp (4·a·s·b bytes, ~0.1% of a layer) is ignored. Selective recomputation, which
+  exists to drop exactly that term, therefore stores the same as none.
+- FP8 (Transformer Engine) saves a 1-byte copy of each GEMM input for the weight gradient instead of the 16-bit one;
+  the attention output is the exception: flash keeps it in 16-bit for its own backward, so the projection's FP8 copy
+  is extra. Q, K, V stay 16-bit (no FP8 attention). Weights stay at perf-model's bf16 bytes, except a LoRA's frozen
+  base, which NeMo's MLPerf LoRA keeps as FP8 parameters (1 byte).
+- The optimizer is sharded over d = dp·cp (Megatron's distributed optimizer spans the data- and context-parallel
+  ranks, which hold identical weights).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+from scaletrain.sim.workload import Layout, Workload
+
+GIB = 2**30
+"""Bytes in a GiB (what allocators and nvidia-smi report)."""
+GB = 1e9
+"""Bytes in a vendor GB (how HBM sizes are quoted: an "80 GB" H100 holds 74.5 GiB)."""
+
+LOGIT_BYTES = 6
+"""Per logit on the last stage: the fp32 softmax the vocab-parallel loss keeps for backward (4) plus the bf16 logits
+it was cast from, alive beside it at the loss (2)."""
+LORA_DROPOUT_BYTES = 3
+"""Per element of an adapted projection's input: the adapter's dropout output (bf16) and its 1-byte mask (MLPerf's
+LoRA rules fix adapter dropout at 0.1, so it is always on)."""
+# Adapter input: (group, width) — "rep" inputs are sequence-sharded only under SP, "shard" ones are TP-sharded.
+_LORA_INPUTS = {"qkv": ("rep", 1), "proj": ("shard", 1), "fc1": ("rep", 1), "fc2": ("shard", 0)}
+
+
+def bytes_per_param(zero: int, d: int) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes per trained parameter for a ZeRO mode, as perf-model.md gives them."""
+    if zero == 0:
+        return 2.0, 2.0, 12.0  # "16 bytes/parameter unsharded (2 weights, 2 grads, 12 optimizer)"
+    if zero == 1:
+        return 2.0, 4.0, 12.0 / d  # "6 + 12/d": bf16 params, fp32 grads, fp32 master + 2 moments sharded
+    return 2.0 / d, 2.0 / d, 12.0 / d  # ZeRO-3: "(4+12)/d"
+
+
+def _layer_terms(w: Workload, layout: Layout, dropout: bool) -> tuple[float, float]:
+    """Bytes per token of one layer as (replicated, sharded): the first group is hidden-wide tensors TP leaves whole
+    (only SP splits them), the second what TP splits by t. GPT-3, 16-bit, with dropout: 10·h and 24·h, i.e. 34·h.
+
+    Korthikanti's 34·sbh: attention 11 (QKV input 2, Q and K 4, V 2, projection input 2, dropout mask 1; the 5as²b
+    of scores is gone with flash), MLP 19 (fc1 input 2, GELU input 8, GELU output 8, dropout mask 1), two LayerNorm
+    inputs 4. Generalised: K and V are kv_heads·head_dim wide (GQA), and SwiGLU keeps gate and up (2·ffn, needed for
+    its backward) plus its output, the fc2 input (ffn); an unfused eager SwiGLU would also keep silu(gate).
+    """
+    h, f, t = w.hidden, w.ffn, layout.tp
+    kv = max(w.kv_heads, t) * w.head_dim  # with t > kv_heads each rank keeps one replicated KV head
+    g = 1 if layout.fp8 else 2  # bytes of a GEMM input saved for the weight gradient
+    rep = 2 * h + g * h + 2 * h + g * h  # norm 1 input, QKV GEMM input, norm 2 input, fc1 GEMM input
+    if dropout:
+        rep += 2 * h  # 1-byte masks of the two hidden dropouts (after projection and fc2); none in MLPerf runs
+    shard = 2 * h + 2 * 2 * kv + 2 * h + (h if layout.fp8 else 0)  # Q, K, V, attention output (+ its FP8 copy)
+    shard += (2 * 2 * f if w.gated_mlp else 2 * f) + g * f  # fc1 output (gate+up or GELU input), fc2 input
+    if w.lora:
+        for target in w.lora_targets:
+            group, is_hidden = _LORA_INPUTS.get(target, ("shard", 1))
+            extra = LORA_DROPOUT_BYTES * (h if is_hidden else f)
+            rep, shard = (rep + extra, shard) if group == "rep" else (rep, shard + extra)
+    return rep, shard
+
+
+def activation_bytes_per_layer(w: Workload, layout: Layout, dropout: bool = True) -> float:
+    """Activation bytes one transformer layer keeps for one micro-batch on one GPU (Korthikanti Table 2, flash).
+
+    TP+SP: 34·s·b·h/t for GPT-3; TP without SP: s·b·h·(10 + 24/t); full recomputation: only the layer input,
+    2·s·b·h (÷t with SP). Context parallelism divides s by cp. `dropout` keeps the two hidden dropout masks
+    (2·s·b·h) that Korthikanti's 34 includes; it defaults on to reproduce that figure, though neither MLPerf model
+    uses dropout (memory_per_gpu defaults it off).
+    Under LoRA the frozen GEMMs keep their inputs too (an upper bound: only input gradients need computing).
+    """
+    s, b, t = w.seq_len / layout.cp, layout.mbs, layout.tp
+    sp_div = t if layout.sp else 1  # SP splits the sequence dimension of what TP leaves whole
+    if layout.recompute == "full":
+        return 2.0 * s * b * w.hidden / sp_div
+    rep, shard = _layer_terms(w, layout, dropout)
+    return s * b * (rep / sp_div + shard / t)
+
+
+def in_flight_microbatches(layout: Layout, rank: int = 0) -> float:
+    """Micro-batches of a pipeline rank's activations held at its peak (rank 0 is the most loaded).
+
+    GPipe: all m. 1F1B: min(p − rank, m). Interleaved 1F1B: Megatron's warm-up of (p − rank − 1)·2 + (v − 1)·p
+    chunk-micro-batches plus one in steady state, capped at m·v, each chunk 1/v of the rank's layers, hence ÷v.
+    """
+    p, v, m = layout.pp, layout.vp, layout.microbatches
+    kind = layout.pipeline_schedule
+    if kind == "gpipe":
+        return float(m)
+    if kind == "interleaved_1f1b":
+        return min((p - rank - 1) * 2 + (v - 1) * p + 1, m * v) / v
+    return float(min(p - rank, m))
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes per GPU on the most loaded pipeline rank."""
+
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    """Layer activations for `in_flight` micro-batches (+ one layer's working set under full recomputation)."""
+    other: float
+    """Outside the layers: embedding dropout masks on the first stage, final norm, head input and logits on the last."""
+    total: float
+    in_flight: float
+    """Micro-batches of layer activations held at the peak on that rank."""
+
+    def gib(self) -> dict:
+        """Every field in GiB (2**30 bytes) rounded to 0.01; `in_flight` (a count) only rounded."""
+        return {f.name: round(getattr(self, f.name) / (1 if f.name == "in_flight" else GIB), 2) for f in fields(self)}
+
+
+def _rank_memory(w: Workload, layout: Layout, first: bool, last: bool, in_flight: float, dropout: bool):
+    t, p, zero = layout.tp, layout.pp, layout.zero
+    d = layout.dp * layout.cp
+    layers = math.ceil(w.layers / p)
+    # The first stage holds the embedding shard V·h/t, the last the output head (GPT-3 ties it: a copy, kept equal).
+    emb = (w.embedding_params if first and last else w.vocab * w.hidden if first or last else 0) / t
+    layer_params = w.layer_params * layers / t
+    wb, gb, ob = bytes_per_param(zero, d)
+    if w.lora:
+        # Frozen base: weights only (FP8 parameters for the layers under FP8, bf16 embedding), sharded over d by ZeRO-3.
+        weights = (layer_params * (1 if layout.fp8 else 2) + 2 * emb) / (d if zero == 3 else 1)
+        adapters = w.trainable_params * layers / w.layers / t  # adapters spread evenly over the layers
+        weights, grads, optimizer = weights + adapters * wb, adapters * gb, adapters * ob
+    else:
+        n = layer_params + emb
+        weights, grads, optimizer = n * wb, n * gb, n * ob
+    if zero == 3:
+        unit = 2.0 * w.layer_params / t  # one layer's bf16 weights, all-gathered for use
+        weights += 2 * unit  # the layer being computed plus the one prefetched
+        grads += 0 if w.lora else unit  # one layer's full gradients before their reduce-scatter
+
+    act = layers * activation_bytes_per_layer(w, layout, dropout) * in_flight
+    if layout.recompute == "full":  # backward re-runs one layer's forward: its full activations live meanwhile
+        act += activation_bytes_per_layer(w, replace(layout, recompute="none"), dropout)
+
+    s, b, h = w.seq_len / layout.cp, layout.mbs, w.hidden
+    sp_div = t if layout.sp else 1
+    other = 0.0
+    if first and dropout:
+        other += s * b * h / sp_div * in_flight  # embedding dropout mask, 1 byte
+    if last:
+        # The loss's backward follows its forward at once on the last stage, except under GPipe (all m wait).
+        n_head = layout.microbatches if layout.pipeline_schedule == "gpipe" else 1
+        other += n_head * s * b * (2 * h / sp_div + 2 * h / sp_div + LOGIT_BYTES * w.vocab / t)  # norm, head input
+    total = weights + grads + optimizer + act + other
+    return MemoryEstimate(weights, grads, optimizer, act, other, total, in_flight)
+
+
+def memory_per_gpu(w: Workload, layout: Layout, in_flight: float | None = None,
+                   dropout: bool = False) -> MemoryEstimate:
+    """Peak memory per GPU on the most loaded pipeline rank (the first or the last stage; one rank when pp = 1).
+
+    `in_flight` overrides the first stage's in-flight micro-batches (e.g. with the simulated schedule's value); the
+    last stage keeps its schedule count. `dropout` (hidden dropout masks) defaults off, as in both MLPerf models.
+    """
+    p = layout.pp
+    first = in_flight if in_flight is not None else in_flight_microbatches(layout, 0)
+    if p == 1:
+        return _rank_memory(w, layout, True, True, first, dropout)
+    ranks = (_rank_memory(w, layout, True, False, first, dropout),
+             _rank_memory(w, layout, False, True, in_flight_microbatches(layout, p - 1), dropout))
+    return max(ranks, key=lambda e: e.total)
+
+
+def fits(est: MemoryEstimate, hbm_gb: float, reserve_gib: float = 5.0, fragmentation: float = 0.03) -> bool:
+    """Whether `est` fits in `hbm_gb` vendor GB (1e9 bytes) of HBM.
+
+    Usable = HBM − `reserve_gib`: CUDA context and kernel images (~0.5–1 GiB), cuBLAS/cuDNN/TE workspaces, NCCL
+    buffers for the TP, PP, DP and CP communicators and TP-overlap userbuffers (~2–3 GiB together), small persistent
+    framework buffers. The caching allocator's fragmentation then costs `fragmentation` of what is allocated.
+    """
+    return est.total * (1 + fragmentation) <= hbm_gb * GB - reserve_gib * GIB
+
+
+__all__ = ["MemoryEstimate", "memory_per_gpu", "fits", "activation_bytes_per_layer", "in_flight_microbatches",
+           "bytes_per_param", "GIB", "GB"]

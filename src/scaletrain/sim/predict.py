@@ -1,0 +1,144 @@
+"""Predictions: step time, throughput, MFU, memory and MLPerf time-to-train for one workload, layout and cluster."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from scaletrain.model.flops import DENSE_BF16_PEAK_TFLOPS
+from scaletrain.sim import memory, mlperf
+from scaletrain.sim.catalog import Catalog, load_catalog
+from scaletrain.sim.comm import Cluster
+from scaletrain.sim.efficiency import Efficiency, efficiency_for
+from scaletrain.sim.step import step_time
+from scaletrain.sim.workload import Layout, Workload
+
+# Which MLPerf benchmark a preset is (for steps, evaluations and time-to-train).
+BENCHMARK_OF = {"gpt3-175b": "gpt3", "llama2-70b-lora": "llama2_70b_lora"}
+
+
+@dataclass
+class Prediction:
+    """Everything `scaletrain predict --json` prints (the keys are a stable interface)."""
+    model: str
+    gpu: str
+    node: str
+    fabric: str
+    gpus: int
+    layout: dict
+    calibration: str
+    feasible: bool
+    reasons: list
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    mfu: float
+    """Model FLOP/s over the dense bf16 peak (even for FP8 runs)."""
+    mfu_peak_tflops: float
+    memory_gib_per_gpu: float
+    memory: dict
+    steps: float | None
+    """Training steps to the target (fractional when it is an expectation over runs)."""
+    evals: float | None
+    eval_time_s: float | None
+    train_time_s: float | None
+    time_to_train_min: float | None
+    breakdown: dict = field(default_factory=dict)
+    """Seconds per step by cause (sums to step_time_s)."""
+    ttt_breakdown: dict = field(default_factory=dict)
+    """Minutes of time-to-train by cause: training steps split as in `breakdown`, plus evaluations."""
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ExpectedRun:
+    """Steps and evaluations of the run a score reflects (fractional when it is an average over runs)."""
+    steps: float
+    evals: float
+    eval_tokens: int
+
+
+def expected_convergence(bench: str, gbs: int, converge: float | None = None) -> ExpectedRun:
+    """Steps and evaluations behind a benchmark score at `gbs`.
+
+    With `converge` given (one run's published tokens/samples) it is that run, rounded up to its evaluation.
+    Otherwise the RCP mean: gpt3 is scored on the median of 3 runs, which stops at an evaluation, so the RCP
+    mean is rounded up to a whole evaluation interval; llama2_70b_lora's olympic mean over 10 runs averages
+    runs stopping at different evaluations, and the checker normalises faster runs up to the RCP mean, so the
+    expected point is the RCP mean itself (the checker's pruned reference), in fractional intervals.
+    """
+    if converge is not None or bench == "gpt3":
+        c = mlperf.convergence(bench, gbs, converge)
+        return ExpectedRun(c.steps, c.evals, c.eval_tokens)
+    b = mlperf.bench(bench)
+    per_step = gbs * (b.seq_len if b.converge_unit == "tokens" else 1)
+    interval = mlperf.eval_interval_steps(bench, gbs)
+    skip = mlperf.skipped_evals(bench, gbs)
+    steps = max(mlperf.rcp_mean(bench, gbs, pruned=True) / per_step, (skip + 1) * interval)
+    return ExpectedRun(steps, steps / interval - skip, b.eval_tokens)
+
+
+def eval_time(w: Workload, layout: Layout, fwd_rank_s: float, eval_tokens: int, eff: Efficiency) -> float:
+    """Seconds for one evaluation pass: forward only over the eval set, split across DP replicas, pipelined."""
+    seqs = math.ceil(eval_tokens / w.seq_len)
+    micro = math.ceil(seqs / (layout.dp * layout.mbs))
+    pipe = micro + (layout.pp - 1) / layout.vp
+    return pipe * fwd_rank_s / eff.eval_eff
+
+
+def predict(w: Workload, layout: Layout, gpu: str, node: str | None = None, fabric: str | None = None,
+            calibration: str | None = None, eff: Efficiency | None = None, converge: float | None = None,
+            catalog: Catalog | None = None, event: bool = True, benchmark: str | None = None) -> Prediction:
+    """Predict one configuration. `eff` overrides the fitted set picked by `calibration` (a release)."""
+    cat = catalog or load_catalog()
+    g, n, f = cat.system(gpu, node, fabric)
+    release = calibration or "latest"
+    if eff is None:
+        release, eff = efficiency_for(calibration, g.key)
+    reasons = layout.problems(w)
+    if layout.fp8 and g.fp8_tflops <= 0:
+        reasons.append(f"{g.key} has no FP8 tensor cores")
+    base = dict(model=w.name, gpu=g.key, node=n.key, fabric=f.key, gpus=layout.gpus,
+                layout=_layout_dict(layout), calibration=release)
+    if reasons:
+        return Prediction(**base, feasible=False, reasons=reasons, step_time_s=math.nan,
+                          tokens_per_s_per_gpu=0.0, model_tflops_per_gpu=0.0, mfu=0.0,
+                          mfu_peak_tflops=g.bf16_tflops, memory_gib_per_gpu=math.nan, memory={}, steps=None,
+                          evals=None, eval_time_s=None, train_time_s=None, time_to_train_min=None)
+    cl = Cluster(g, n, f, layout.gpus)
+    st = step_time(w, layout, cl, eff, event=event)
+    mem = memory.memory_per_gpu(w, layout, in_flight=st.in_flight)
+    if not memory.fits(mem, g.hbm_gb):
+        reasons.append(f"needs {mem.total / 2**30:.1f} GiB per GPU, more than the {g.hbm_gb:.0f} GB "
+                       f"{g.key} leaves after its runtime reserve")
+    tokens_per_s = layout.gbs * w.seq_len / st.step_time_s
+    per_gpu = tokens_per_s / layout.gpus
+    tflops = per_gpu * w.flops_per_token / 1e12
+    peak = DENSE_BF16_PEAK_TFLOPS.get(g.key, g.bf16_tflops)
+    steps = evals = ev_s = train_s = ttt = None
+    ttt_parts: dict = {}
+    bench = benchmark or BENCHMARK_OF.get(w.name)
+    if bench:
+        conv = expected_convergence(bench, layout.gbs, converge)
+        steps, evals = conv.steps, conv.evals
+        ev_s = eval_time(w, layout, st.forward_rank_s, conv.eval_tokens, eff)
+        train_s = steps * st.step_time_s
+        ttt = (train_s + evals * ev_s) / 60
+        ttt_parts = {k: steps * v / 60 for k, v in st.breakdown.items()}
+        ttt_parts["evaluation"] = evals * ev_s / 60
+    return Prediction(**base, feasible=not reasons, reasons=reasons, step_time_s=st.step_time_s,
+                      tokens_per_s_per_gpu=per_gpu, model_tflops_per_gpu=tflops, mfu=tflops / peak,
+                      mfu_peak_tflops=peak, memory_gib_per_gpu=mem.total / 2**30, memory=mem.gib(), steps=steps,
+                      evals=evals, eval_time_s=ev_s, train_time_s=train_s, time_to_train_min=ttt,
+                      breakdown=st.breakdown, ttt_breakdown=ttt_parts)
+
+
+def _layout_dict(layout: Layout) -> dict:
+    d = asdict(layout)
+    d["dp"] = layout.dp
+    d["microbatches"] = layout.microbatches if layout.dp else 0
+    d["schedule"] = layout.pipeline_schedule
+    return d

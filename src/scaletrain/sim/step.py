@@ -1,0 +1,178 @@
+"""One training step on a cluster: compute per stage, exposed TP/CP communication, the pipeline schedule,
+DP gradient/parameter traffic with its overlap windows, the optimizer and a fixed overhead.
+
+The step is priced bottom-up: `compute` gives layer times on one GPU, `comm` the collectives for the group
+placements Megatron's rank order produces (tp fastest, then cp, dp, pp), `schedule` runs the pipeline as an
+event simulation with uneven first/last stages, and the DP reduce-scatter of each model chunk is queued from
+the moment that chunk's last backward ends (the parameter all-gather of the next step must land before the
+chunk's first forward). Only the `Efficiency` scalars are fitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scaletrain.sim import compute, schedule
+from scaletrain.sim.comm import Cluster
+from scaletrain.sim.efficiency import Efficiency
+from scaletrain.sim.workload import Layout, Workload
+
+BF16 = 2
+# Optimizer step bytes per locally-owned parameter: read fp32 master, two moments and the gradient, write the
+# three back and a bf16 copy (memory-bound).
+_OPT_BYTES = 4 * 4 + 3 * 4 + BF16
+
+
+@dataclass
+class StepResult:
+    """Seconds per training step and where they go (the breakdown sums to step_time_s)."""
+    step_time_s: float
+    breakdown: dict = field(default_factory=dict)
+    """compute, tp_exposed, cp_exposed, pp_bubble, dp_exposed, overlap_slowdown, optimizer, overhead."""
+    forward_rank_s: float = 0.0
+    """Forward time of one micro-batch through the busiest rank's layers (evaluation uses it)."""
+    in_flight: float = 0.0
+    """Peak in-flight micro-batches on the most loaded rank (for the memory model)."""
+    details: dict = field(default_factory=dict)
+
+
+def _trainable_per_layer(w: Workload, t: int) -> float:
+    """Trainable parameters of one layer held by one TP rank."""
+    if w.lora:
+        return (w.trainable_params / w.layers) / t
+    return w.layer_params / t
+
+
+def _tp_comm(w: Workload, layout: Layout, cl: Cluster) -> float:
+    """TP seconds per layer per micro-batch, one direction (forward; backward moves the same)."""
+    t = layout.tp
+    if t == 1:
+        return 0.0
+    size = layout.mbs * (w.seq_len // layout.cp) * w.hidden * BF16
+    if layout.sp:
+        return 2 * (cl.collective("all_gather", t, size) + cl.collective("reduce_scatter", t, size))
+    return 2 * cl.collective("all_reduce", t, size)
+
+
+def _cp_comm(w: Workload, layout: Layout, cl: Cluster) -> float:
+    """CP seconds per layer per micro-batch forward: all-gather of this rank's K and V shards."""
+    c = layout.cp
+    if c == 1:
+        return 0.0
+    kv = 2 * layout.mbs * w.seq_len * w.kv_heads * w.head_dim // layout.tp * BF16
+    return cl.collective("all_gather", c, kv, stride=layout.tp)
+
+
+def stage_costs(w: Workload, layout: Layout, cl: Cluster, eff: Efficiency):
+    """Per (rank, chunk) forward/backward seconds of one micro-batch, plus the pieces for the breakdown."""
+    p, v = layout.pp, layout.vp
+    per_chunk = w.layers // (p * v)
+    lt = compute.layer_times(w, layout, cl.gpu, eff.gemm_eff)
+    tp = _tp_comm(w, layout, cl) * eff.tp_exposed
+    cp_f = max(0.0, _cp_comm(w, layout, cl) - lt.attn_fwd)
+    cp_b = max(0.0, 2 * _cp_comm(w, layout, cl) - 2.5 * lt.attn_fwd)
+    recompute_tp = tp if layout.recompute == "full" else 0.0
+    f_layer = lt.fwd + tp + cp_f
+    b_layer = lt.bwd + tp + recompute_tp + cp_b
+    fwd = [[per_chunk * f_layer for _ in range(v)] for _ in range(p)]
+    bwd = [[per_chunk * b_layer for _ in range(v)] for _ in range(p)]
+    emb_f, emb_b = compute.embedding_times(w, layout, cl.gpu)
+    log_f, log_b = compute.logits_times(w, layout, cl.gpu, eff.gemm_eff)
+    fwd[0][0] += emb_f
+    bwd[0][0] += emb_b
+    fwd[p - 1][v - 1] += log_f
+    bwd[p - 1][v - 1] += log_b
+    # Per micro-batch on one rank (all its v chunks).
+    exposed = {"tp": v * per_chunk * (2 * tp + recompute_tp), "cp": v * per_chunk * (cp_f + cp_b)}
+    return fwd, bwd, exposed
+
+
+def _dp_jobs(w: Workload, layout: Layout, cl: Cluster) -> tuple[list[float], list[float]]:
+    """Seconds of DP gradient reduction and parameter gather per model chunk (same for every rank)."""
+    n = layout.dp * layout.cp
+    if n == 1:
+        return [0.0] * layout.vp, [0.0] * layout.vp
+    t, p, v = layout.tp, layout.pp, layout.vp
+    per_chunk = _trainable_per_layer(w, t) * w.layers / (p * v)
+    embed = 0.0 if w.lora else w.embedding_params / t / (2 if w.arch == "llama" else 1)
+    rs, ag = [], []
+    for c in range(v):
+        params = per_chunk + (embed if c in (0, v - 1) else 0.0)
+        size = params * BF16
+        if layout.zero == 0:
+            rs.append(cl.collective("all_reduce", n, size, stride=t))
+            ag.append(0.0)
+        else:
+            rs.append(cl.collective("reduce_scatter", n, size, stride=t))
+            # ZeRO-3 gathers the parameters twice (forward and backward) instead of once.
+            ag.append(cl.collective("all_gather", n, size, stride=t) * (2 if layout.zero == 3 else 1))
+    return rs, ag
+
+
+def _queue(jobs: list[tuple[float, float]]) -> tuple[float, float]:
+    """Run (release, duration) jobs one at a time in release order; returns (end, total busy)."""
+    end = busy = 0.0
+    for release, dur in sorted(jobs):
+        end = max(end, release) + dur
+        busy += dur
+    return end, busy
+
+
+def step_time(w: Workload, layout: Layout, cl: Cluster, eff: Efficiency, event: bool = True) -> StepResult:
+    """Seconds per step of `w` under `layout` on cluster `cl` with software efficiencies `eff`.
+
+    event=False replaces the pipeline event simulation by its closed form on the busiest rank (what the
+    planner uses to rank thousands of layouts before simulating the best).
+    """
+    p, v, m = layout.pp, layout.vp, layout.microbatches
+    fwd, bwd, exposed = stage_costs(w, layout, cl, eff)
+    t = layout.tp
+    act = layout.mbs * (w.seq_len // layout.cp) * w.hidden * BF16 / (t if layout.sp or t > 1 else 1)
+    pp_stride = t * layout.cp * layout.dp
+    p2p = cl.p2p(act, same_domain=pp_stride < cl.node.nvlink_domain) if p > 1 else 0.0
+    rank_work = [sum(fwd[r]) + sum(bwd[r]) for r in range(p)]
+    busiest = max(range(p), key=lambda r: rank_work[r])
+    sched = layout.pipeline_schedule
+    if event:
+        res = schedule.simulate(sched, p, m, v, fwd, bwd, p2p)
+        makespan, lbe, ffs, in_flight = res.makespan, res.last_backward_end, res.first_forward_start, max(res.max_in_flight)
+    else:
+        mean_chunk = sum(rank_work) / (p * v)
+        makespan = m * rank_work[busiest] + (p - 1) * mean_chunk + (2 * (p * v - 1) * p2p if p > 1 else 0.0)
+        # Chunk c's last backward ends roughly (v-1-c)/v of the cooldown before the end; its first forward
+        # starts c chunk-forwards into the step.
+        lbe = [[makespan - (c / v) * (p - 1) * mean_chunk - sum(bwd[r][c2] for c2 in range(c)) for c in range(v)]
+               for r in range(p)]
+        ffs = [[r * fwd[0][0] + c * p * fwd[r][0] for c in range(v)] for r in range(p)]
+        in_flight = min(m, ((p - 1) * 2 + (v - 1) * p + 1) / v if v > 1 else p)
+    rs, ag = _dp_jobs(w, layout, cl)
+    dp_exposed = hidden = ag_delay = 0.0
+    if any(rs) or any(ag):
+        scale = 1.0 / max(eff.dp_overlap, 1e-3)
+        for r in range(p):
+            end, busy = _queue([(lbe[r][c], rs[c] * scale) for c in range(v)])
+            dp_exposed = max(dp_exposed, max(0.0, end - makespan))
+            hidden = max(hidden, busy - max(0.0, end - makespan))
+            # Parameter all-gathers queue from the step start; a chunk cannot start before its gather lands.
+            done = 0.0
+            for c in range(v):
+                done += ag[c] * scale
+                ag_delay = max(ag_delay, done - ffs[r][c])
+                hidden += min(ag[c] * scale, max(0.0, ffs[r][c]))
+    compute_s = sum(fwd[busiest]) * m + sum(bwd[busiest]) * m - exposed["tp"] * m - exposed["cp"] * m
+    params_local = _trainable_per_layer(w, t) * w.layers / p + (0 if w.lora else w.embedding_params / t)
+    shards = layout.dp * layout.cp if layout.zero >= 1 else 1
+    optimizer = params_local / shards * _OPT_BYTES / (cl.gpu.hbm_copy_tbps * 1e12)
+    breakdown = {
+        "compute": compute_s,
+        "tp_exposed": exposed["tp"] * m,
+        "cp_exposed": exposed["cp"] * m,
+        "pp_bubble": makespan - rank_work[busiest] * m,
+        "dp_exposed": dp_exposed + max(0.0, ag_delay),
+        "overlap_slowdown": eff.overlap_slowdown * hidden,
+        "optimizer": optimizer,
+        "overhead": eff.step_overhead_s,
+    }
+    total = sum(breakdown.values())
+    return StepResult(step_time_s=total, breakdown=breakdown, forward_rank_s=max(sum(f) for f in fwd),
+                      in_flight=in_flight, details={"p2p_s": p2p, "microbatches": m, "makespan_s": makespan})

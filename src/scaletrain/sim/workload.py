@@ -1,0 +1,204 @@
+"""What is being trained, and how it is laid out: the simulator's two inputs besides the hardware.
+
+A Workload is built from the same `ModelConfig` the trainer uses and priced with the same FLOPs function
+(`scaletrain.model.flops`), so trainer MFU and simulator MFU can never disagree about the model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from scaletrain.config import Config, ConfigError, resolve
+from scaletrain.model import flops as model_flops
+
+# Benchmark -> preset; the names `predict --model` accepts besides any preset.
+MODEL_ALIASES = {"gpt3": "gpt3-175b", "llama2_70b_lora": "llama2-70b-lora"}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Model shape and training kind, in the notation of ../docs (h, s, a, l, V)."""
+
+    name: str
+    """Preset name it came from."""
+    arch: str
+    """"gpt3" or "llama"."""
+    layers: int
+    """l: transformer blocks."""
+    hidden: int
+    """h: model width."""
+    heads: int
+    """a: attention heads."""
+    kv_heads: int
+    """Key/value heads (grouped-query attention); equals heads for GPT-3."""
+    ffn: int
+    """MLP inner width."""
+    vocab: int
+    """V: padded vocabulary."""
+    seq_len: int
+    """s: tokens per sequence."""
+    lora_rank: int = 0
+    """LoRA rank; 0 = full training."""
+    lora_targets: tuple = ("qkv", "proj")
+    """Projections with adapters."""
+    params: int = 0
+    """Base-model parameters."""
+    trainable_params: int = 0
+    """Parameters with gradients and optimizer state (all, or only the adapters under LoRA)."""
+    flops_per_token: float = 0.0
+    """Training model FLOPs per token (the trainer's MFU numerator)."""
+    forward_flops: dict = field(default_factory=dict)
+    """Forward FLOPs per token split into "gemm", "attn" and "logits"."""
+
+    @property
+    def gated_mlp(self) -> bool:
+        """SwiGLU (three MLP matrices) rather than GELU (two)."""
+        return self.arch == "llama"
+
+    @property
+    def head_dim(self) -> int:
+        """Per-head width."""
+        return self.hidden // self.heads
+
+    @property
+    def lora(self) -> bool:
+        """Base frozen, adapters trained."""
+        return self.lora_rank > 0
+
+    @property
+    def layer_params(self) -> int:
+        """Weights of one block (matrices only; norms and biases are noise at this scale)."""
+        h, hd = self.hidden, self.head_dim
+        attn = h * (h + 2 * self.kv_heads * hd) + h * h
+        return attn + (3 if self.gated_mlp else 2) * h * self.ffn
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding rows (plus the untied output head for llama; GPT-3 ties them)."""
+        return self.vocab * self.hidden * (2 if self.arch == "llama" else 1)
+
+
+def workload_from_config(cfg: Config, name: str = "", seq_len: int | None = None) -> Workload:
+    """The Workload of a resolved trainer config."""
+    m, lo = cfg.model, cfg.lora
+    s = seq_len or m.seq_len
+    targets = tuple(lo.targets)
+    adapters = model_flops.lora_params(m, lo.rank, targets)
+    params = model_flops.num_params(m)
+    return Workload(
+        name=name or cfg.preset, arch=m.arch, layers=m.n_layers, hidden=m.d_model, heads=m.n_heads,
+        kv_heads=m.kv_heads, ffn=m.ffn_size, vocab=m.padded_vocab, seq_len=s, lora_rank=lo.rank,
+        lora_targets=targets, params=params, trainable_params=adapters if lo.rank > 0 else params,
+        flops_per_token=model_flops.flops_per_token(m, s, lo.rank, targets),
+        forward_flops=model_flops.forward_flops_per_token(m, s))
+
+
+def load_workload(model: str, overrides: tuple[str, ...] = ()) -> Workload:
+    """Workload of a preset name (or benchmark alias: "gpt3", "llama2_70b_lora"), with --set style overrides."""
+    preset = MODEL_ALIASES.get(model, model)
+    try:
+        cfg = resolve(preset, overrides=list(overrides))
+    except ConfigError as exc:
+        raise ConfigError(f"--model {model}: {exc}") from None
+    return workload_from_config(cfg, name=preset)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A parallel layout and batch shape for the simulator (Megatron notation: t, p, v, d, c, b, B)."""
+
+    gpus: int
+    """Total GPUs = tp * pp * cp * dp."""
+    tp: int = 1
+    """t: tensor-parallel degree (inside an NVLink domain in sane layouts)."""
+    pp: int = 1
+    """p: pipeline stages."""
+    vp: int = 1
+    """v: virtual stages per pipeline rank (interleaved 1F1B when > 1)."""
+    cp: int = 1
+    """c: context-parallel degree."""
+    mbs: int = 1
+    """b: micro-batch size in sequences."""
+    gbs: int = 1
+    """B: global batch size in sequences."""
+    sp: bool = True
+    """Sequence parallelism with TP (reduce-scatter/all-gather instead of all-reduce)."""
+    recompute: str = "none"
+    """Activation recomputation: "none", "selective" or "full"."""
+    fp8: bool = False
+    """FP8 GEMMs (Transformer Engine style) for the layer matmuls; first/last layers stay bf16."""
+    zero: int = 1
+    """Optimizer sharding over DP: 0 none, 1 distributed optimizer (ZeRO-1/2), 3 fully sharded (ZeRO-3/FSDP)."""
+    schedule: str = ""
+    """Pipeline schedule: "gpipe", "1f1b" or "interleaved_1f1b"; empty picks 1f1b, or interleaved when vp > 1."""
+
+    @property
+    def dp(self) -> int:
+        """d: data-parallel degree."""
+        return self.gpus // (self.tp * self.pp * self.cp)
+
+    @property
+    def microbatches(self) -> int:
+        """m: micro-batches per step per pipeline = B / (d * b)."""
+        return self.gbs // (self.dp * self.mbs)
+
+    @property
+    def pipeline_schedule(self) -> str:
+        """The schedule actually simulated."""
+        if self.schedule:
+            return self.schedule
+        if self.pp == 1:
+            return "1f1b"
+        return "interleaved_1f1b" if self.vp > 1 else "1f1b"
+
+    def problems(self, w: Workload) -> list[str]:
+        """Why this layout cannot run workload `w` (empty when it can)."""
+        out = []
+        for name in ("gpus", "tp", "pp", "vp", "cp", "mbs", "gbs"):
+            if getattr(self, name) < 1:
+                out.append(f"{name}={getattr(self, name)} must be >= 1")
+        if out:
+            return out
+        if self.gpus % (self.tp * self.pp * self.cp):
+            out.append(f"gpus={self.gpus} is not a multiple of tp*pp*cp={self.tp * self.pp * self.cp}")
+            return out
+        if w.heads % self.tp or w.kv_heads % self.tp and self.tp % w.kv_heads:
+            out.append(f"tp={self.tp} does not divide the {w.heads} heads / {w.kv_heads} kv heads")
+        if w.ffn % self.tp:
+            out.append(f"tp={self.tp} does not divide the MLP width {w.ffn}")
+        if w.layers % (self.pp * self.vp):
+            out.append(f"pp*vp={self.pp * self.vp} does not divide the {w.layers} layers")
+        if w.seq_len % (2 * self.cp if self.cp > 1 else 1):
+            out.append(f"cp={self.cp} needs the sequence {w.seq_len} to split into 2*cp chunks")
+        if self.sp and self.tp > 1 and (w.seq_len // self.cp) % self.tp:
+            out.append(f"sequence parallelism needs seq/cp={w.seq_len // self.cp} divisible by tp={self.tp}")
+        if self.gbs % (self.dp * self.mbs):
+            out.append(f"gbs={self.gbs} is not a multiple of dp*mbs={self.dp}*{self.mbs}")
+        elif self.pp > 1 and self.microbatches < self.pp:
+            out.append(f"{self.microbatches} micro-batches per step < pp={self.pp}")
+        elif self.pipeline_schedule == "interleaved_1f1b" and self.microbatches % self.pp:
+            out.append(f"interleaved schedule needs micro-batches ({self.microbatches}) to be a multiple of pp={self.pp}")
+        if self.recompute not in ("none", "selective", "full"):
+            out.append(f"recompute={self.recompute!r} must be none, selective or full")
+        if self.zero not in (0, 1, 3):
+            out.append(f"zero={self.zero} must be 0, 1 or 3")
+        if self.schedule not in ("", "gpipe", "1f1b", "interleaved_1f1b"):
+            out.append(f"schedule={self.schedule!r} must be gpipe, 1f1b or interleaved_1f1b")
+        if self.vp > 1 and self.schedule in ("gpipe", "1f1b"):
+            out.append(f"vp={self.vp} needs the interleaved_1f1b schedule")
+        return out
+
+    def describe(self) -> str:
+        """Short text form, e.g. "TP4 PP8 VP12 CP1 DP336 mbs1 GBS2688 fp8"."""
+        text = (f"TP{self.tp} PP{self.pp} VP{self.vp} CP{self.cp} DP{self.dp} mbs{self.mbs} GBS{self.gbs}"
+                f"{' fp8' if self.fp8 else ''}{'' if self.recompute == 'none' else ' ' + self.recompute}")
+        return text
+
+
+def ceil_div(a: int, b: int) -> int:
+    """Integer ceiling division."""
+    return -(-a // b)
+
+
+__all__ = ["Workload", "Layout", "load_workload", "workload_from_config", "MODEL_ALIASES", "ceil_div"]
