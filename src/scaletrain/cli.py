@@ -144,7 +144,7 @@ def cmd_config(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The `scaletrain` argument parser (every subcommand has --help)."""
     parser = argparse.ArgumentParser(
-        prog="scaletrain", description="Train GPT-3-architecture models and benchmark them the MLPerf Training way.")
+        prog="scaletrain", description="Train GPT-3/Llama-style models, benchmark them the MLPerf Training way, and predict time-to-train on GPU clusters.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train one run to the quality target", description=cmd_train.__doc__)
@@ -195,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--fields", action="store_true", help="list every field with default and meaning")
     p.set_defaults(func=cmd_config)
+
+    from scaletrain.sim.commands import add_parsers
+    add_parsers(sub)
     return parser
 
 
@@ -241,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _leave_process_group(clean: bool) -> None:
+    if "torch" not in sys.modules:  # the simulator commands never import torch; don't pay for it at exit
+        return
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         if clean:
@@ -251,6 +256,8 @@ def _leave_process_group(clean: bool) -> None:
 
 
 def _run(args) -> int:
+    if args.command in ("predict", "plan", "sim"):
+        return _run_sim(args)
     from scaletrain.checkpoint.store import CheckpointError
     from scaletrain.data.indexed import DataError
     try:
@@ -261,6 +268,16 @@ def _run(args) -> int:
     except KeyboardInterrupt:
         print("scaletrain: interrupted", file=sys.stderr)
         return 130
+
+
+def _run_sim(args) -> int:
+    # The simulator is pure Python: a wrong value anywhere (unknown GPU, layout, CSV, calibration) is a
+    # ValueError subclass with a one-line message.
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"scaletrain: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

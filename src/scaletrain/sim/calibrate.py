@@ -50,9 +50,13 @@ def row_system(row: PublishedResult) -> tuple[str, str]:
 
 
 def row_layout(row: PublishedResult) -> Layout:
-    """The simulator layout of a published row."""
+    """The simulator layout of a published row.
+
+    FP8 rows are NVIDIA's MLPerf recipes, which reduce gradients in bf16 (perf-model.md: "a distributed optimizer
+    with bf16 gradient reduction").
+    """
     return Layout(gpus=row.gpus, tp=row.tp, pp=row.pp, vp=row.vp, cp=row.cp, mbs=row.mbs, gbs=row.gbs,
-                  sp=row.tp > 1, fp8=row.fp8)
+                  sp=row.tp > 1, fp8=row.fp8, bf16_grads=row.fp8)
 
 
 def set_name(row: PublishedResult) -> str:

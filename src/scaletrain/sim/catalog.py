@@ -2,14 +2,16 @@
 
 The shipped files live in `sim/hardware/*.toml`, each entry with its source. Users add or override entries
 with their own TOML (same tables: [gpus.<key>], [nodes.<key>], [fabrics.<key>]) through `--catalog FILE`
-or $SCALETRAIN_CATALOG (colon-separated files).
+or $SCALETRAIN_CATALOG (colon-separated files). A new entry needs every field; an entry that overrides a known
+key may give only the fields it changes.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 
@@ -96,6 +98,8 @@ class Catalog:
     gpus: dict
     nodes: dict
     fabrics: dict
+    origin: dict = field(default_factory=dict)
+    """(kind, key) -> the file that last defined the entry, for error messages."""
 
     def gpu(self, key: str) -> GPU:
         """The GPU `key` (case-insensitive), or a CatalogError listing the known ones."""
@@ -125,8 +129,13 @@ class Catalog:
         return g, n, self.fabric(fabric or n.fabric)
 
 
-def _build(kind: str, key: str, table: dict, where: str):
+def _build(kind: str, key: str, table: dict, where: str, base=None):
     cls = _KINDS[kind]
+    if not isinstance(table, dict):
+        raise CatalogError(f"{where}: [{kind}.{key}] must be a table of fields, got {table!r}")
+    if base is not None:
+        # Overriding a known entry: only the fields given change.
+        table = {**{f.name: getattr(base, f.name) for f in fields(cls) if f.name != "key"}, **table}
     names = {f.name for f in fields(cls)} - {"key"}
     required = {f.name for f in fields(cls) if f.name != "key" and f.default is MISSING}
     unknown = set(table) - names
@@ -143,8 +152,8 @@ def _build(kind: str, key: str, table: dict, where: str):
         try:
             if f.type in ("float",):
                 value = float(value)
-                if value < 0:
-                    raise ValueError("must be >= 0")
+                if not math.isfinite(value) or value < 0:
+                    raise ValueError("must be a finite number >= 0")
             elif f.type in ("int",):
                 if isinstance(value, bool) or int(value) != value or value < 1:
                     raise ValueError("must be a positive integer")
@@ -159,6 +168,8 @@ def _build(kind: str, key: str, table: dict, where: str):
         except (TypeError, ValueError) as exc:
             raise CatalogError(f"{where}: [{kind}.{key}] {f.name}={table[f.name]!r}: {exc}") from None
         values[f.name] = value
+    if kind == "fabrics" and values.get("radix", 3) < 3:
+        raise CatalogError(f"{where}: [{kind}.{key}] radix={values['radix']}: a switch needs at least 3 ports")
     return cls(key=key.lower(), **values)
 
 
@@ -171,8 +182,12 @@ def _merge_file(cat: Catalog, text: str, where: str, nested: str | None) -> None
     for kind, entries in tables.items():
         if kind not in _KINDS:
             raise CatalogError(f"{where}: unknown table [{kind}] (use gpus, nodes or fabrics)")
+        if not isinstance(entries, dict):
+            raise CatalogError(f"{where}: [{kind}] must be a table of entries, got {entries!r}")
         for key, table in entries.items():
-            getattr(cat, kind)[key.lower()] = _build(kind, key, table, where)
+            known = getattr(cat, kind)
+            known[key.lower()] = _build(kind, key, table, where, known.get(key.lower()))
+            cat.origin[(kind, key.lower())] = where
 
 
 def load_catalog(extra: list[str] | tuple[str, ...] = ()) -> Catalog:
@@ -188,10 +203,11 @@ def load_catalog(extra: list[str] | tuple[str, ...] = ()) -> Catalog:
             raise CatalogError(f"catalog file {path}: no such file")
         _merge_file(cat, p.read_text(), str(p), None)
     for node in cat.nodes.values():
+        where = cat.origin.get(("nodes", node.key), "catalog")
         if node.gpu not in cat.gpus:
-            raise CatalogError(f"node {node.key!r} names unknown gpu {node.gpu!r}")
+            raise CatalogError(f"{where}: node {node.key!r} names unknown gpu {node.gpu!r}")
         if node.fabric not in cat.fabrics:
-            raise CatalogError(f"node {node.key!r} names unknown fabric {node.fabric!r}")
+            raise CatalogError(f"{where}: node {node.key!r} names unknown fabric {node.fabric!r}")
         if node.nvlink_domain % node.gpus_per_node:
-            raise CatalogError(f"node {node.key!r}: nvlink_domain must be a multiple of gpus_per_node")
+            raise CatalogError(f"{where}: node {node.key!r}: nvlink_domain must be a multiple of gpus_per_node")
     return cat

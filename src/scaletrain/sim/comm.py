@@ -45,9 +45,10 @@ class Cluster:
         """Nodes used (the last one may be partly filled)."""
         return -(-self.gpus // self.node.gpus_per_node)
 
-    def net_alpha_us(self) -> float:
-        """Ring-step latency across the fabric: NIC latency plus two hops per switch tier above the leaf."""
-        tiers = self.fabric.tiers(self.nodes * self.node.nics)
+    def net_alpha_us(self, nodes: int | None = None) -> float:
+        """Ring-step latency across the fabric between `nodes` nodes (default all): NIC latency plus two hops per
+        switch tier above the leaf, the tiers being those a fat tree needs to reach that many NICs."""
+        tiers = self.fabric.tiers(min(nodes or self.nodes, self.nodes) * self.node.nics)
         return self.fabric.alpha_us + 2 * self.fabric.hop_us * (tiers - 1)
 
     def placement(self, n: int, stride: int) -> tuple[int, int]:
@@ -78,7 +79,8 @@ class Cluster:
                 return ring_all_reduce(g, size, nvl_bw, nv.nvlink_alpha_us)
             return ring_reduce_scatter(g, size, nv.nvlink_busbw_gbps, nv.nvlink_alpha_us)
         intra = ring_reduce_scatter(g, size, nv.nvlink_busbw_gbps, nv.nvlink_alpha_us)
-        shard, bw, alpha = size / g, self.fabric.busbw_gbps, self.net_alpha_us()
+        nodes_spanned = k * max(1, self.node.nvlink_domain // self.node.gpus_per_node) if g > 1 else k
+        shard, bw, alpha = size / g, self.fabric.busbw_gbps, self.net_alpha_us(nodes_spanned)
         if op == "all_reduce":
             if self.fabric.sharp:
                 inter = 2 * alpha * 1e-6 + shard / (bw * GB)

@@ -65,7 +65,8 @@ def layer_gemms(w: Workload, layout: Layout) -> list[tuple[int, int, int]]:
     qkv = h + 2 * w.kv_heads * hd
     gemms = [(m, qkv // t, h), (m, h, h // t), (m, f * (2 if w.gated_mlp else 1) // t, h), (m, h, f // t)]
     if w.lora:
-        fans = {"qkv": (h, qkv // t), "proj": (h // t, h), "fc1": (h, f // t), "fc2": (f // t, h)}
+        fans = {"qkv": (h, qkv // t), "proj": (h // t, h), "fc1": (h, f * (2 if w.gated_mlp else 1) // t),
+                "fc2": (f // t, h)}
         for target in w.lora_targets:
             fan_in, fan_out = fans[target]
             gemms += [(m, w.lora_rank, fan_in), (m, fan_out, w.lora_rank)]
@@ -92,7 +93,8 @@ def layer_times(w: Workload, layout: Layout, gpu: GPU, gemm_eff: float) -> Layer
     # Elementwise traffic shrinks by t only under sequence parallelism (otherwise every TP rank holds the
     # whole sequence in the LayerNorm/residual regions).
     split = t if layout.sp else 1
-    h_bytes = _ELEMENTWISE_H_BYTES * w.hidden / split + 2 * 2 * w.ffn * (2 if w.gated_mlp else 1) / t
+    # The MLP activation reads its input and writes its output: GELU f + f, SwiGLU 2f (gate, up) + f, bf16.
+    h_bytes = _ELEMENTWISE_H_BYTES * w.hidden / split + 2 * w.ffn * (3 if w.gated_mlp else 2) / t
     if layout.fp8:
         h_bytes += _FP8_CAST_BYTES * (2 * w.hidden + w.hidden / t + w.ffn / t)
     elem_f = tokens * h_bytes / (gpu.hbm_copy_tbps * TB)

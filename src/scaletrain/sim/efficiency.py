@@ -7,6 +7,7 @@ scalars absorb what a framework release does with them (perf-model.md: "software
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, fields
 from importlib import resources
 
@@ -39,11 +40,20 @@ class Efficiency:
 
 
 def load_efficiencies() -> dict:
-    """The shipped fitted sets from sim/data/efficiency.json: {"sets": {"v4.1/hopper": {...}, ...}, "fit": {...}}."""
+    """Fitted sets: {"sets": {"v4.1/hopper": {...}, ...}, "fit": {...}}.
+
+    The shipped sim/data/efficiency.json (fitted on the published calibration rows), then the file named by
+    $SCALETRAIN_EFFICIENCY (what `scaletrain sim calibrate --out` writes), whose sets win.
+    """
     path = resources.files("scaletrain.sim") / "data" / "efficiency.json"
-    if not path.is_file():
-        return {"sets": {}}
-    return json.loads(path.read_text())
+    doc = json.loads(path.read_text()) if path.is_file() else {"sets": {}}
+    user = os.environ.get("SCALETRAIN_EFFICIENCY", "")
+    if user and os.path.isfile(user):
+        try:
+            doc["sets"].update(json.loads(open(user).read()).get("sets", {}))
+        except (ValueError, AttributeError) as exc:
+            raise ValueError(f"$SCALETRAIN_EFFICIENCY={user}: not an efficiency file ({exc})") from None
+    return doc
 
 
 # GPU -> architecture generation: software efficiency is fitted per release and generation.
@@ -69,8 +79,10 @@ def efficiency_for(release: str | None, gpu: str) -> tuple[str, Efficiency]:
     known = releases()
     if release in (None, "", "latest"):
         release = known[-1]
-    if not release.startswith("v"):
+    if not release.startswith("v") and release[:1].isdigit():
         release = "v" + release
+    if release not in known and release.lstrip("v") in known:
+        release = release.lstrip("v")
     if release not in known:
         raise ValueError(f"--calibration {release}: no fitted set; known: {', '.join(known)}")
     gen = GENERATION.get(gpu, "hopper")

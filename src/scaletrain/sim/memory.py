@@ -35,12 +35,15 @@ LoRA rules fix adapter dropout at 0.1, so it is always on)."""
 _LORA_INPUTS = {"qkv": ("rep", 1), "proj": ("shard", 1), "fc1": ("rep", 1), "fc2": ("shard", 0)}
 
 
-def bytes_per_param(zero: int, d: int) -> tuple[float, float, float]:
-    """(weights, grads, optimizer) bytes per trained parameter for a ZeRO mode, as perf-model.md gives them."""
+def bytes_per_param(zero: int, d: int, bf16_grads: bool = False) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes per trained parameter for a ZeRO mode, as perf-model.md gives them.
+
+    `bf16_grads`: the distributed optimizer's gradient buffer in bf16 (MLPerf gpt3's bf16 gradient reduction).
+    """
     if zero == 0:
         return 2.0, 2.0, 12.0  # "16 bytes/parameter unsharded (2 weights, 2 grads, 12 optimizer)"
     if zero == 1:
-        return 2.0, 4.0, 12.0 / d  # "6 + 12/d": bf16 params, fp32 grads, fp32 master + 2 moments sharded
+        return 2.0, 2.0 if bf16_grads else 4.0, 12.0 / d  # "6 + 12/d": bf16 params, fp32 grads, sharded Adam
     return 2.0 / d, 2.0 / d, 12.0 / d  # ZeRO-3: "(4+12)/d"
 
 
@@ -62,6 +65,10 @@ def _layer_terms(w: Workload, layout: Layout, dropout: bool) -> tuple[float, flo
     shard = 2 * h + 2 * 2 * kv + 2 * h + (h if layout.fp8 else 0)  # Q, K, V, attention output (+ its FP8 copy)
     shard += (2 * 2 * f if w.gated_mlp else 2 * f) + g * f  # fc1 output (gate+up or GELU input), fc2 input
     if w.lora:
+        # A frozen GEMM computes only its input gradient (dY·W^T), so it keeps no input of its own; the adapters
+        # keep theirs (the dropout output below). Norm inputs and flash attention's Q, K, V and output stay.
+        rep -= g * h + g * h
+        shard -= g * f + (h if layout.fp8 else 0)
         for target in w.lora_targets:
             group, is_hidden = _LORA_INPUTS.get(target, ("shard", 1))
             extra = LORA_DROPOUT_BYTES * (h if is_hidden else f)
@@ -76,7 +83,7 @@ def activation_bytes_per_layer(w: Workload, layout: Layout, dropout: bool = True
     2·s·b·h (÷t with SP). Context parallelism divides s by cp. `dropout` keeps the two hidden dropout masks
     (2·s·b·h) that Korthikanti's 34 includes; it defaults on to reproduce that figure, though neither MLPerf model
     uses dropout (memory_per_gpu defaults it off).
-    Under LoRA the frozen GEMMs keep their inputs too (an upper bound: only input gradients need computing).
+    Under LoRA the frozen GEMMs keep no inputs (they need only input gradients); the adapters keep theirs.
     """
     s, b, t = w.seq_len / layout.cp, layout.mbs, layout.tp
     sp_div = t if layout.sp else 1  # SP splits the sequence dimension of what TP leaves whole
@@ -128,7 +135,7 @@ def _rank_memory(w: Workload, layout: Layout, first: bool, last: bool, in_flight
     # The first stage holds the embedding shard V·h/t, the last the output head (GPT-3 ties it: a copy, kept equal).
     emb = (w.embedding_params if first and last else w.vocab * w.hidden if first or last else 0) / t
     layer_params = w.layer_params * layers / t
-    wb, gb, ob = bytes_per_param(zero, d)
+    wb, gb, ob = bytes_per_param(zero, d, layout.bf16_grads)
     if w.lora:
         # Frozen base: weights only (FP8 parameters for the layers under FP8, bf16 embedding), sharded over d by ZeRO-3.
         weights = (layer_params * (1 if layout.fp8 else 2) + 2 * emb) / (d if zero == 3 else 1)

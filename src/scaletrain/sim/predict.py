@@ -139,6 +139,6 @@ def predict(w: Workload, layout: Layout, gpu: str, node: str | None = None, fabr
 def _layout_dict(layout: Layout) -> dict:
     d = asdict(layout)
     d["dp"] = layout.dp
-    d["microbatches"] = layout.microbatches if layout.dp else 0
+    d["microbatches"] = layout.microbatches if layout.dp > 0 and layout.mbs > 0 else 0
     d["schedule"] = layout.pipeline_schedule
     return d

@@ -10,6 +10,7 @@ chunk's first forward). Only the `Efficiency` scalars are fitted.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from scaletrain.sim import compute, schedule
@@ -87,35 +88,88 @@ def stage_costs(w: Workload, layout: Layout, cl: Cluster, eff: Efficiency):
     return fwd, bwd, exposed
 
 
-def _dp_jobs(w: Workload, layout: Layout, cl: Cluster) -> tuple[list[float], list[float]]:
-    """Seconds of DP gradient reduction and parameter gather per model chunk (same for every rank)."""
+# Megatron's DP buckets: at least 40M parameters (1M x dp on large groups), never finer than a layer.
+_BUCKET_PARAMS = 40e6
+
+
+def _dp_buckets(w: Workload, layout: Layout, cl: Cluster, rank: int, chunk: int) -> tuple[list[float], list[float]]:
+    """(reduce-scatter, all-gather) seconds of the DP buckets of one chunk on one rank, in backward order.
+
+    Gradients are reduced in `layout.bf16_grads` precision (all-reduced when zero = 0); parameters are gathered in
+    bf16 (twice under ZeRO-3: for forward and again for backward). The input embedding belongs to rank 0 chunk 0
+    (its grads come last in backward), the output head to the last rank's last chunk (its grads come first).
+    """
     n = layout.dp * layout.cp
-    if n == 1:
-        return [0.0] * layout.vp, [0.0] * layout.vp
     t, p, v = layout.tp, layout.pp, layout.vp
-    per_chunk = _trainable_per_layer(w, t) * w.layers / (p * v)
-    embed = 0.0 if w.lora else w.embedding_params / t / (2 if w.arch == "llama" else 1)
-    rs, ag = [], []
-    for c in range(v):
-        params = per_chunk + (embed if c in (0, v - 1) else 0.0)
-        size = params * BF16
-        if layout.zero == 0:
-            rs.append(cl.collective("all_reduce", n, size, stride=t))
-            ag.append(0.0)
-        else:
-            rs.append(cl.collective("reduce_scatter", n, size, stride=t))
-            # ZeRO-3 gathers the parameters twice (forward and backward) instead of once.
-            ag.append(cl.collective("all_gather", n, size, stride=t) * (2 if layout.zero == 3 else 1))
-    return rs, ag
+    layers = w.layers // (p * v)
+    params = _trainable_per_layer(w, t) * layers
+    nb = max(1, min(layers, math.ceil(params / max(_BUCKET_PARAMS, 1e6 * n))))
+    sizes = [params / nb] * nb
+    if not w.lora:
+        vocab = w.vocab * w.hidden / t
+        if rank == p - 1 and chunk == v - 1:
+            sizes[0] += vocab
+        if rank == 0 and chunk == 0:
+            sizes[-1] += vocab
+    grad_bytes = BF16 if layout.bf16_grads else 4
+    if layout.zero == 0:
+        return [cl.collective("all_reduce", n, x * grad_bytes, stride=t) for x in sizes], [0.0] * nb
+    gathers = 2 if layout.zero == 3 else 1
+    return ([cl.collective("reduce_scatter", n, x * grad_bytes, stride=t) for x in sizes],
+            [gathers * cl.collective("all_gather", n, x * BF16, stride=t) for x in sizes])
 
 
-def _queue(jobs: list[tuple[float, float]]) -> tuple[float, float]:
-    """Run (release, duration) jobs one at a time in release order; returns (end, total busy)."""
-    end = busy = 0.0
-    for release, dur in sorted(jobs):
-        end = max(end, release) + dur
-        busy += dur
-    return end, busy
+def _dp_timing(w, layout, cl, eff, ranks, fwd, bwd, lbe, ffs, makespan) -> tuple[float, float]:
+    """(exposed seconds, hidden seconds) of DP traffic, worst rank.
+
+    Each bucket's reduce-scatter is released when the last micro-batch's backward has produced its gradients and
+    runs on one communication queue; what ends after the pipeline drains is exposed. Parameter all-gathers queue
+    from the step start and a bucket's layers cannot start their first forward before it lands. Overlapped
+    communication runs at `dp_overlap` of its bandwidth (it shares SMs and HBM with the compute under it).
+    """
+    if layout.dp * layout.cp == 1:
+        return 0.0, 0.0
+    scale = 1.0 / max(eff.dp_overlap, 1e-3)
+    if layout.zero == 3:
+        # Fully sharded: every micro-batch gathers the parameters for forward and again for backward and
+        # reduce-scatters its gradients, so the traffic spreads over the whole step; only what exceeds the
+        # step, plus the first bucket's gather, is exposed.
+        m = layout.microbatches
+        worst = 0.0
+        first = 0.0
+        for r in ranks:
+            traffic = 0.0
+            for c in range(layout.vp):
+                rs, ag = _dp_buckets(w, layout, cl, r, c)
+                traffic += m * (sum(rs) + sum(ag)) * scale
+                if c == 0:
+                    first = max(first, ag[-1] / 2 * scale)
+            worst = max(worst, traffic)
+        exposed = max(0.0, worst - makespan) + first
+        return exposed, worst - max(0.0, worst - makespan)
+    exposed = hidden = 0.0
+    for r in ranks:
+        jobs, end, delay, ag_busy, busy = [], 0.0, 0.0, 0.0, 0.0
+        done = 0.0
+        for c in range(layout.vp):
+            rs, ag = _dp_buckets(w, layout, cl, r, c)
+            nb = len(rs)
+            start = lbe[r][c] - bwd[r][c]
+            jobs += [(start + (k + 1) / nb * bwd[r][c], rs[k] * scale) for k in range(nb)]
+            for k in range(nb):  # forward needs the buckets in the reverse of backward order
+                done += ag[nb - 1 - k] * scale
+                delay = max(delay, done - (ffs[r][c] + k / nb * fwd[r][c]))
+            ag_busy += sum(ag) * scale
+        for release, dur in sorted(jobs):
+            end = max(end, release) + dur
+            busy += dur
+        tail = max(0.0, end - makespan)
+        rank_exposed = tail + max(0.0, delay)
+        rank_hidden = busy - tail + ag_busy - max(0.0, delay)
+        # The step waits for its slowest rank: the one whose exposed plus slowed-down hidden time is largest.
+        if rank_exposed + eff.overlap_slowdown * rank_hidden > exposed + eff.overlap_slowdown * hidden:
+            exposed, hidden = rank_exposed, rank_hidden
+    return exposed, hidden
 
 
 def step_time(w: Workload, layout: Layout, cl: Cluster, eff: Efficiency, event: bool = True) -> StepResult:
@@ -127,7 +181,8 @@ def step_time(w: Workload, layout: Layout, cl: Cluster, eff: Efficiency, event: 
     p, v, m = layout.pp, layout.vp, layout.microbatches
     fwd, bwd, exposed = stage_costs(w, layout, cl, eff)
     t = layout.tp
-    act = layout.mbs * (w.seq_len // layout.cp) * w.hidden * BF16 / (t if layout.sp or t > 1 else 1)
+    # Megatron's scatter/gather p2p: each TP rank sends 1/t of the boundary activation (already sharded under SP).
+    act = layout.mbs * (w.seq_len // layout.cp) * w.hidden * BF16 / t
     pp_stride = t * layout.cp * layout.dp
     p2p = cl.p2p(act, same_domain=pp_stride < cl.node.nvlink_domain) if p > 1 else 0.0
     rank_work = [sum(fwd[r]) + sum(bwd[r]) for r in range(p)]
@@ -145,30 +200,19 @@ def step_time(w: Workload, layout: Layout, cl: Cluster, eff: Efficiency, event: 
                for r in range(p)]
         ffs = [[r * fwd[0][0] + c * p * fwd[r][0] for c in range(v)] for r in range(p)]
         in_flight = min(m, ((p - 1) * 2 + (v - 1) * p + 1) / v if v > 1 else p)
-    rs, ag = _dp_jobs(w, layout, cl)
-    dp_exposed = hidden = ag_delay = 0.0
-    if any(rs) or any(ag):
-        scale = 1.0 / max(eff.dp_overlap, 1e-3)
-        for r in range(p):
-            end, busy = _queue([(lbe[r][c], rs[c] * scale) for c in range(v)])
-            dp_exposed = max(dp_exposed, max(0.0, end - makespan))
-            hidden = max(hidden, busy - max(0.0, end - makespan))
-            # Parameter all-gathers queue from the step start; a chunk cannot start before its gather lands.
-            done = 0.0
-            for c in range(v):
-                done += ag[c] * scale
-                ag_delay = max(ag_delay, done - ffs[r][c])
-                hidden += min(ag[c] * scale, max(0.0, ffs[r][c]))
+    dp_exposed, hidden = _dp_timing(w, layout, cl, eff, sorted({0, busiest, p - 1}), fwd, bwd, lbe, ffs, makespan)
     compute_s = sum(fwd[busiest]) * m + sum(bwd[busiest]) * m - exposed["tp"] * m - exposed["cp"] * m
-    params_local = _trainable_per_layer(w, t) * w.layers / p + (0 if w.lora else w.embedding_params / t)
+    # The busiest optimizer shard: the first stage's layers plus its embedding (and the head too when pp = 1).
+    embed = 0 if w.lora else (w.embedding_params if p == 1 else w.vocab * w.hidden) / t
+    params_local = _trainable_per_layer(w, t) * w.layers / p + embed
     shards = layout.dp * layout.cp if layout.zero >= 1 else 1
     optimizer = params_local / shards * _OPT_BYTES / (cl.gpu.hbm_copy_tbps * 1e12)
     breakdown = {
         "compute": compute_s,
         "tp_exposed": exposed["tp"] * m,
         "cp_exposed": exposed["cp"] * m,
-        "pp_bubble": makespan - rank_work[busiest] * m,
-        "dp_exposed": dp_exposed + max(0.0, ag_delay),
+        "pp_bubble": max(0.0, makespan - rank_work[busiest] * m),
+        "dp_exposed": dp_exposed,
         "overlap_slowdown": eff.overlap_slowdown * hidden,
         "optimizer": optimizer,
         "overhead": eff.step_overhead_s,

@@ -127,21 +127,24 @@ class Layout:
     recompute: str = "none"
     """Activation recomputation: "none", "selective" or "full"."""
     fp8: bool = False
-    """FP8 GEMMs (Transformer Engine style) for the layer matmuls; first/last layers stay bf16."""
+    """FP8 GEMMs (Transformer Engine style) for every transformer-layer matmul; the output layer stays bf16."""
     zero: int = 1
     """Optimizer sharding over DP: 0 none, 1 distributed optimizer (ZeRO-1/2), 3 fully sharded (ZeRO-3/FSDP)."""
+    bf16_grads: bool = False
+    """Keep and reduce gradients in bf16 (MLPerf gpt3 recipes); False = Megatron's default fp32 main grads."""
     schedule: str = ""
     """Pipeline schedule: "gpipe", "1f1b" or "interleaved_1f1b"; empty picks 1f1b, or interleaved when vp > 1."""
 
     @property
     def dp(self) -> int:
-        """d: data-parallel degree."""
-        return self.gpus // (self.tp * self.pp * self.cp)
+        """d: data-parallel degree (0 when a degree is not positive; `problems` says which)."""
+        model = self.tp * self.pp * self.cp
+        return self.gpus // model if model > 0 else 0
 
     @property
     def microbatches(self) -> int:
         """m: micro-batches per step per pipeline = B / (d * b)."""
-        return self.gbs // (self.dp * self.mbs)
+        return self.gbs // (self.dp * self.mbs) if self.dp > 0 and self.mbs > 0 else 0
 
     @property
     def pipeline_schedule(self) -> str:

@@ -1,0 +1,247 @@
+"""Layout search: the fastest parallel layouts of a workload on a given number of GPUs.
+
+Enumerate (tp, pp, vp, cp, mbs, gbs, fp8), reject cheaply (divisibility via `Layout.problems`, then memory with the
+closed-form in-flight count), bound each survivor's closed-form step time from per-micro-batch stage costs (cached per
+shape), price them in bound order with `step_time(event=False)` (0.05-0.5 ms each) until the bound alone loses to the
+K-th best price, then event-simulate the best few with `predict` and rank those. What does not depend on the layout
+(catalog entry, efficiency set, cluster, convergence per GBS) is resolved once. gpt3 on 512 to 100,000 GPUs: < 0.5 s.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from scaletrain.sim import memory, mlperf
+from scaletrain.sim.catalog import load_catalog
+from scaletrain.sim.comm import Cluster
+from scaletrain.sim.efficiency import efficiency_for
+from scaletrain.sim.predict import BENCHMARK_OF, Prediction, eval_time, expected_convergence, predict
+from scaletrain.sim.step import stage_costs, step_time
+from scaletrain.sim.workload import Layout, Workload
+
+MBS = (1, 2, 4)
+# CP is searched at every sequence length: at 2048 tokens it is slower than DP, but when the GBS cap bounds DP
+# (gpt3's largest RCP batch is 8192 sequences) it is the only way to occupy very large clusters (100,000 GPUs).
+CP = (1, 2, 4, 8)
+# Increasing memory savings at increasing cost: selective stores what "none" does under flash attention (see
+# `memory`) yet recomputes attention, so the first level that fits is the only one worth pricing.
+RECOMPUTE = ("none", "selective", "full")
+MAX_VP = 16
+DEFAULT_GBS = 1024
+"""Sequences per step for workloads that are not MLPerf benchmarks when no `gbs` is given."""
+RESIMULATE = 3
+"""Event-simulate RESIMULATE * top of the best closed-form candidates (the closed form is within ~1% of them)."""
+
+
+@dataclass
+class PlanResult:
+    """The best layouts found and what the search looked at."""
+    best: list[Prediction]
+    """Top-k feasible predictions (event-simulated), best first."""
+    searched: int
+    """Candidate layouts considered (tp, pp, vp, cp, mbs, gbs, fp8 combinations)."""
+    feasible: int
+    """Candidates that divide the model and GPUs and fit in memory with some recompute/ZeRO choice."""
+    seconds: float
+    """Wall time of the search."""
+    objective: str = "ttt"
+    """"ttt" (MLPerf time-to-train minutes, lower is better) or "throughput" (tokens/s/GPU, higher is better)."""
+    rejected: dict[str, int] = field(default_factory=dict)
+    """Most common rejection reasons (numbers folded to N) -> candidates rejected for it, most common first."""
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _shapes(w: Workload, gpus: int, domain: int):
+    """(tp, pp, vp, cp) with tp*pp*cp dividing `gpus`; TP stays inside one NVLink domain (and at most 16)."""
+    for tp in _divisors(w.heads):
+        if tp > min(domain, 16) or gpus % tp:
+            continue
+        for cp in CP:
+            for pp in _divisors(w.layers):
+                if gpus % (tp * cp * pp):
+                    continue
+                # vp only means something with a pipeline (pp = 1 runs plain 1F1B whatever vp says).
+                vps = [1] if pp == 1 else [v for v in _divisors(w.layers // pp) if v <= MAX_VP]
+                for vp in vps:
+                    yield tp, pp, vp, cp
+
+
+def _batches(unit: int, pp: int, vp: int, lo: int, hi: int) -> list[int]:
+    """Global batches in [lo, hi] a layout with dp*mbs = `unit` can run: near lo, near hi, and near the powers of
+    two (and 1.5x them) in between, each rounded up to a valid multiple (m >= pp, and m % pp == 0 interleaved)."""
+    step = unit * (pp if pp > 1 and vp > 1 else 1)
+    targets = {lo, hi} | {t for i in range(1, 40) for t in (2**i, 3 * 2**(i - 1)) if lo <= t <= hi}
+    out = set()
+    for t in targets:
+        b = max(-(-t // step), -(-pp * unit // step)) * step
+        if b <= hi:
+            out.add(b)
+    return sorted(out)
+
+
+def _fitting(w: Workload, lay: Layout, hbm_gb: float) -> tuple[list[Layout], float]:
+    """The memory variants of `lay` worth pricing, and the smallest memory seen (bytes).
+
+    With ZeRO-1 the cheapest recompute level that fits. ZeRO-3 only when ZeRO-1 needs recomputation or does not fit
+    at all: with the same recomputation it saves memory only by adding parameter gathers (so not even for small
+    models, which fit under ZeRO-1 anyway). And only without a pipeline: Megatron's pipeline does not run with
+    ZeRO-3, and `step` prices its gathers once per step, whereas a stage re-gathers for each micro-batch."""
+    out, least = [], float("inf")
+    for zero in (1, 3) if lay.pp == 1 else (1,):
+        for rc in RECOMPUTE:
+            var = replace(lay, zero=zero, recompute=rc)
+            est = memory.memory_per_gpu(w, var)
+            least = min(least, est.total)
+            if memory.fits(est, hbm_gb):
+                out.append(var)
+                break
+        if out and out[0].recompute == "none":
+            break
+    return out, least
+
+
+def _bound(w: Workload, lay: Layout, cl: Cluster, eff, cache: dict) -> tuple[float, float]:
+    """(lower bound of the closed-form step seconds, forward seconds of the busiest rank) of `lay`.
+
+    The closed form is the busiest rank's work (layers with their exposed TP/CP communication, embedding, logits)
+    times m, plus (p-1) mean chunks of bubble, plus non-negative terms (p2p, DP, optimizer) and the fixed overhead;
+    the bound drops the non-negative terms. Everything but m is cached per shape, since it is per micro-batch.
+    """
+    key = (lay.tp, lay.pp, lay.vp, lay.cp, lay.mbs, lay.fp8, lay.recompute)
+    if key not in cache:
+        fwd, bwd, _ = stage_costs(w, lay, cl, eff)
+        work = [sum(fw) + sum(bw) for fw, bw in zip(fwd, bwd)]
+        cache[key] = (max(work), sum(work) / (lay.pp * lay.vp), max(sum(fw) for fw in fwd))
+    busiest, chunk, fwd_s = cache[key]
+    return lay.microbatches * busiest + (lay.pp - 1) * chunk + eff.step_overhead_s, fwd_s
+
+
+def _tiebreak(lay: Layout) -> tuple:
+    """Stable order among equal scores: fewer GPUs per model replica, then smaller tp, pp, vp, cp, mbs, gbs."""
+    return (lay.tp * lay.pp * lay.cp, lay.tp, lay.pp, lay.vp, lay.cp, lay.mbs, lay.gbs,
+            RECOMPUTE.index(lay.recompute), lay.zero, not lay.fp8)
+
+
+def _value(p: Prediction, objective: str) -> float:
+    """Lower is better."""
+    return p.time_to_train_min if objective == "ttt" else -p.tokens_per_s_per_gpu
+
+
+def plan(w: Workload, gpu: str, gpus: int, node: str | None = None, fabric: str | None = None,
+         calibration: str | None = None, top: int = 5, gbs: int | None = None, fp8: bool | None = None,
+         objective: str = "auto", catalog=None) -> PlanResult:
+    """The `top` best layouts of `w` on `gpus` GPUs of kind `gpu` (node and fabric as in `predict`).
+
+    `objective`: "ttt" (MLPerf time-to-train; the "auto" choice for benchmark workloads), "throughput" (tokens/s
+    per GPU; "auto" otherwise). `gbs` fixes the global batch; otherwise benchmark workloads search batches inside
+    the RCP table's range and others use DEFAULT_GBS. `fp8` fixes the precision; otherwise both are tried where the
+    GPU has FP8. ValueError for an impossible request (ttt on a non-benchmark, FP8 on a GPU without it, ...).
+    """
+    start = time.perf_counter()
+    if gpus < 1 or top < 1:
+        raise ValueError(f"gpus ({gpus}) and top ({top}) must be >= 1")
+    cat = catalog or load_catalog()
+    g, n, f = cat.system(gpu, node, fabric)
+    release, eff = efficiency_for(calibration, g.key)
+    bench = BENCHMARK_OF.get(w.name)
+    if objective == "auto":
+        objective = "ttt" if bench else "throughput"
+    if objective not in ("ttt", "throughput"):
+        raise ValueError(f"objective {objective!r} must be auto, ttt or throughput")
+    if objective == "ttt" and not bench:
+        raise ValueError(f"{w.name} is not an MLPerf benchmark: no time-to-train; use objective='throughput'")
+    if fp8 and g.fp8_tflops <= 0:
+        raise ValueError(f"{g.key} has no FP8 tensor cores")
+    precisions = (fp8,) if fp8 is not None else ((True, False) if g.fp8_tflops > 0 else (False,))
+    lo = hi = 0  # the RCP table's batch range (benchmarks only)
+    if bench:
+        sizes = sorted(mlperf.rcp_records(bench))
+        lo, hi = sizes[0], sizes[-1]
+        if gbs and gbs > sizes[-1]:
+            raise ValueError(f"gbs {gbs} is above the largest {bench} RCP batch size {sizes[-1]}")
+    cl = Cluster(g, n, f, gpus)
+    runs: dict[int, object] = {}  # gbs -> expected steps and evaluations
+
+    def score(lay: Layout, step_s: float, fwd_s: float) -> float:
+        """The objective (lower is better) of `lay` at `step_s` seconds per step, `fwd_s` forward per micro-batch."""
+        if objective == "throughput":
+            return -lay.gbs * w.seq_len / step_s / gpus
+        run = runs.get(lay.gbs) or runs.setdefault(lay.gbs, expected_convergence(bench, lay.gbs))
+        return (run.steps * step_s + run.evals * eval_time(w, lay, fwd_s, run.eval_tokens, eff)) / 60
+
+    cost_cache: dict[tuple, tuple] = {}
+    fit_cache: dict[tuple, tuple] = {}
+    bounds, rejected, searched, feasible, least_mem = [], Counter(), 0, 0, float("inf")
+    for tp, pp, vp, cp in _shapes(w, gpus, n.nvlink_domain):
+        for mbs in MBS:
+            unit = gpus // (tp * pp * cp) * mbs
+            batches = [gbs] if gbs else _batches(unit, pp, vp, lo, hi) if bench else [DEFAULT_GBS]
+            if not batches:
+                searched += 1
+                rejected[f"no global batch in {lo}..{hi} is a multiple of dp*mbs (x pp micro-batches)"] += 1
+            for b in batches:
+                for prec in precisions:
+                    searched += 1
+                    # FP8 runs follow NVIDIA's MLPerf recipes, which reduce gradients in bf16 (as `calibrate` does).
+                    lay = Layout(gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, mbs=mbs, gbs=b, fp8=prec, bf16_grads=prec)
+                    problems = lay.problems(w)
+                    if problems:
+                        rejected[re.sub(r"\d+", "N", problems[0])] += 1
+                        continue
+                    # Memory sees the GBS only through the in-flight count, which stops growing at m = 2*pp.
+                    key = (tp, pp, vp, cp, mbs, prec, min(lay.microbatches, 2 * pp))
+                    if key not in fit_cache:
+                        fit_cache[key] = _fitting(w, lay, g.hbm_gb)
+                    variants, least = fit_cache[key]
+                    if not variants:
+                        least_mem = min(least_mem, least)
+                        rejected["memory"] += 1
+                        continue
+                    feasible += 1
+                    for var in variants:
+                        var = replace(var, gbs=b)
+                        bounds.append((score(var, *_bound(w, var, cl, eff, cost_cache)), _tiebreak(var), var))
+
+    # Branch and bound: price candidates in order of their bound until the bound alone loses to the K-th best price.
+    bounds.sort(key=lambda c: c[:2])
+    keep = RESIMULATE * top
+    worst: list[float] = []  # max-heap (negated) of the `keep` best prices so far
+    scored = []
+    for lb, tie, var in bounds:
+        if len(worst) >= keep and lb > -worst[0]:
+            break
+        st = step_time(w, var, cl, eff, event=False)
+        price = score(var, st.step_time_s, st.forward_rank_s)
+        scored.append((price, tie, var))
+        heapq.heappush(worst, -price)
+        if len(worst) > keep:
+            heapq.heappop(worst)
+
+    # Re-price the best by event simulation; keep going past RESIMULATE*top if the exact in-flight count makes
+    # some of them overflow memory, so `top` feasible plans come back whenever the closed form found them.
+    scored.sort(key=lambda s: s[:2])
+    best: list[tuple] = []
+    for i, (_, tie, lay) in enumerate(scored):
+        if i >= RESIMULATE * top and len(best) >= top or i >= 10 * top:
+            break
+        p = predict(w, lay, g.key, n.key, f.key, calibration=release, eff=eff, catalog=cat, event=True)
+        if p.feasible:
+            best.append((_value(p, objective), tie, p))
+    best.sort(key=lambda b: b[:2])
+
+    if "memory" in rejected:
+        rejected[f"does not fit in memory even with full recomputation (the leanest rejected needs "
+                 f"{least_mem / memory.GIB:.0f} GiB per GPU; {g.key} has {g.hbm_gb:.0f} GB)"] = rejected.pop("memory")
+    return PlanResult(best=[p for _, _, p in best[:top]], searched=searched, feasible=feasible,
+                      seconds=time.perf_counter() - start, objective=objective,
+                      rejected=dict(rejected.most_common(5)))
+
+
+__all__ = ["plan", "PlanResult", "DEFAULT_GBS"]

@@ -1,0 +1,293 @@
+"""Hardware catalog: the shipped GPUs, nodes and fabrics, user TOML files that add or replace entries, and the
+errors malformed files raise (CatalogError naming the file and the entry)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from scaletrain.model.flops import DENSE_BF16_PEAK_TFLOPS
+from scaletrain.sim.catalog import DEFAULT_NODE, CatalogError, load_catalog
+
+GPUS = ("a100", "h100", "h200", "b200", "gb200", "gb300")
+NODES = ("hgx-h100", "nd-h100-v5", "hgx-h200", "nd-h200-v5", "dgx-a100", "dgx-b200", "nd-gb200-v6", "gb200-nvl72",
+         "gb300-nvl72")
+FABRICS = ("ib-ndr", "ib-ndr-sharp", "ib-xdr", "ib-hdr", "roce")
+
+# A complete GPU entry (every required field) for user files.
+NEW_GPU = """
+[gpus.mi999]
+name = "Made-up accelerator"
+bf16_tflops = 1000.0
+fp8_tflops = 2000.0
+matmul_bf16_tflops = 800.0
+matmul_fp8_tflops = 1500.0
+attn_tflops = 500.0
+hbm_gb = 192.0
+hbm_tbps = 5.3
+hbm_copy_tbps = 4.5
+nvlink_gbps = 400.0
+kernel_us = 5.0
+source = "test"
+"""
+
+NEW_NODE = """
+[nodes.mi999-box]
+name = "Eight made-up accelerators"
+gpu = "mi999"
+gpus_per_node = 8
+nvlink_domain = 8
+nvlink_busbw_gbps = 300.0
+nvls_busbw_gbps = 0.0
+nics = 8
+fabric = "roce"
+source = "test"
+"""
+
+# The shipped h100 entry with one field changed: replacing an entry means giving all its fields.
+H100_OVERRIDE = """
+[gpus.h100]
+name = "NVIDIA H100 SXM5 80GB (user override)"
+bf16_tflops = 989.0
+fp8_tflops = 1979.0
+matmul_bf16_tflops = 700.0
+matmul_fp8_tflops = 1400.0
+attn_tflops = 480.0
+hbm_gb = 80.0
+hbm_tbps = 3.35
+hbm_copy_tbps = 2.95
+nvlink_gbps = 450.0
+kernel_us = 5.0
+source = "user measurement"
+"""
+
+FABRIC = """
+[fabrics.tiny]
+name = "tiny"
+link_gbit = 100.0
+busbw_gbps = 11.0
+alpha_us = 5.0
+hop_us = 1.0
+radix = {radix}
+sharp = false
+source = "test"
+"""
+
+
+@pytest.fixture(autouse=True)
+def _no_user_catalog(monkeypatch):
+    """The tests see only the shipped catalog unless they set $SCALETRAIN_CATALOG themselves."""
+    monkeypatch.delenv("SCALETRAIN_CATALOG", raising=False)
+
+
+def _write(tmp_path: Path, text: str, name: str = "user.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_shipped_catalog_has_six_gpus_and_every_node_and_fabric():
+    cat = load_catalog()
+    assert set(cat.gpus) == set(GPUS)
+    assert set(NODES) <= set(cat.nodes)
+    assert set(FABRICS) <= set(cat.fabrics)
+    for table in (cat.gpus, cat.nodes, cat.fabrics):
+        for key, entry in table.items():
+            assert entry.key == key
+            assert entry.source.strip(), f"{key} has no source"
+            assert entry.name.strip(), f"{key} has no name"
+    for node in cat.nodes.values():
+        assert node.gpu in cat.gpus and node.fabric in cat.fabrics
+        assert node.nvlink_domain % node.gpus_per_node == 0
+    # Every GPU has a default node that holds it.
+    for gpu in GPUS:
+        assert cat.node(DEFAULT_NODE[gpu]).gpu == gpu
+
+
+def test_gpu_figures_match_the_reference_table():
+    """perf-model.md "Hardware": dense peaks, measured matmul ceilings, HBM, NVLink per direction, domain size."""
+    cat = load_catalog()
+    table = {  # bf16, fp8, matmul bf16, HBM GB, HBM TB/s, NVLink GB/s
+        "a100": (312, 0, 271, 80, 2.04, 300),
+        "h100": (989, 1979, 795, 80, 3.35, 450),
+        "h200": (989, 1979, 790, 141, 4.8, 450),
+        "b200": (2250, 4500, 1745, 180, 8.0, 900),
+        "gb200": (2500, 5000, 1820, 186, 8.0, 900),
+        "gb300": (2500, 5000, 1770, 288, 8.0, 900),
+    }
+    for key, (bf16, fp8, mm, hbm, tbps, nvl) in table.items():
+        g = cat.gpu(key)
+        assert (g.bf16_tflops, g.fp8_tflops, g.matmul_bf16_tflops, g.hbm_gb, g.hbm_tbps, g.nvlink_gbps) == (
+            bf16, fp8, mm, hbm, tbps, nvl), key
+        # Measured ceilings sit under the dense peaks.
+        assert g.matmul_bf16_tflops < g.bf16_tflops
+        assert g.matmul_fp8_tflops <= g.fp8_tflops
+        assert g.hbm_copy_tbps <= g.hbm_tbps
+        # The trainer's MFU denominator and the simulator's catalog agree.
+        assert DENSE_BF16_PEAK_TFLOPS[key] == g.bf16_tflops
+    assert cat.gpu("h200").hbm_copy_tbps == 4.3  # "[~4.3 copy]"
+    assert cat.gpu("h100").matmul_fp8_tflops == 1400 and cat.gpu("h200").matmul_fp8_tflops == 1450
+    # NVLink domains: 8 in HGX boards, 72 in NVL72 racks; measured busbw figures.
+    assert cat.node("hgx-h100").nvlink_domain == 8 and cat.node("gb200-nvl72").nvlink_domain == 72
+    assert cat.node("hgx-h100").nvlink_busbw_gbps == 365 and cat.node("hgx-h100").nvls_busbw_gbps == 470
+    assert cat.node("gb200-nvl72").nvlink_busbw_gbps == 680
+    assert 46 <= cat.fabric("ib-ndr").busbw_gbps <= 48
+    assert cat.fabric("ib-ndr-sharp").sharp and not cat.fabric("ib-ndr").sharp
+    # ND GB200 v6: 4 GPUs per VM, 18 VMs per NVL72 rack, 4 NICs per VM; GB300: 4x 800 Gb/s XDR per node.
+    nd = cat.node("nd-gb200-v6")
+    assert (nd.gpus_per_node, nd.nvlink_domain // nd.gpus_per_node, nd.nics) == (4, 18, 4)
+    gb3 = cat.node("gb300-nvl72")
+    assert (gb3.nics, cat.fabric(gb3.fabric).link_gbit) == (4, 800.0)
+
+
+def test_fat_tree_tiers():
+    ndr = load_catalog().fabric("ib-ndr")
+    assert ndr.radix == 64
+    assert [ndr.tiers(n) for n in (1, 64, 65, 2048, 2049, 10752, 65536, 65537)] == [1, 1, 2, 2, 3, 3, 3, 4]
+
+
+def test_lookup_is_case_insensitive_and_unknown_keys_list_the_known_ones():
+    cat = load_catalog()
+    assert cat.gpu("H100") is cat.gpu("h100")
+    with pytest.raises(CatalogError) as exc:
+        cat.gpu("h300")
+    msg = str(exc.value)
+    assert "'h300'" in msg
+    for key in GPUS:
+        assert key in msg
+    with pytest.raises(CatalogError, match="hgx-h100"):
+        cat.node("no-such-node")
+    with pytest.raises(CatalogError, match="ib-ndr"):
+        cat.fabric("token-ring")
+
+
+def test_system_picks_default_node_and_fabric_and_checks_the_node_holds_the_gpu():
+    cat = load_catalog()
+    g, n, f = cat.system("gb200")
+    assert (g.key, n.key, f.key) == ("gb200", "gb200-nvl72", "ib-ndr")
+    assert n.nvlink_domain == 72
+    g, n, f = cat.system("h100", "nd-h100-v5")
+    assert (g.key, n.key, f.key) == ("h100", "nd-h100-v5", "ib-ndr")
+    assert cat.system("a100")[2].key == "ib-hdr"
+    assert cat.system("h100", fabric="roce")[2].key == "roce"
+    with pytest.raises(CatalogError, match="hgx-h200.*h200.*h100"):
+        cat.system("h100", "hgx-h200")
+    with pytest.raises(CatalogError, match="gb200"):
+        cat.system("b200", "gb200-nvl72")
+
+
+def test_user_file_adds_entries_and_overrides_shipped_ones(tmp_path):
+    path = _write(tmp_path, NEW_GPU + NEW_NODE + H100_OVERRIDE)
+    cat = load_catalog(extra=[str(path)])
+    new = cat.gpu("mi999")
+    assert (new.bf16_tflops, new.hbm_gb, new.source) == (1000.0, 192.0, "test")
+    assert cat.gpu("h100").matmul_bf16_tflops == 700.0  # overridden
+    assert cat.gpu("h100").source == "user measurement"
+    assert cat.gpu("h200").matmul_bf16_tflops == 790.0  # untouched
+    g, n, f = cat.system("mi999", "mi999-box")
+    assert (g.key, n.key, f.key) == ("mi999", "mi999-box", "roce")
+    # The shipped catalog is not modified by loading a user file.
+    assert load_catalog().gpu("h100").matmul_bf16_tflops == 795.0
+    assert "mi999" not in load_catalog().gpus
+
+
+def test_env_var_files_load_before_extra_files(tmp_path, monkeypatch):
+    env_file = _write(tmp_path, NEW_GPU, "env.toml")
+    override = _write(tmp_path, NEW_GPU.replace("hbm_gb = 192.0", "hbm_gb = 256.0"), "extra.toml")
+    second = _write(tmp_path, H100_OVERRIDE, "second.toml")
+    monkeypatch.setenv("SCALETRAIN_CATALOG", os.pathsep.join([str(env_file), str(second)]))
+    cat = load_catalog()
+    assert cat.gpu("mi999").hbm_gb == 192.0
+    assert cat.gpu("h100").matmul_bf16_tflops == 700.0
+    # Later files win: `extra` after the environment.
+    assert load_catalog(extra=[str(override)]).gpu("mi999").hbm_gb == 256.0
+    monkeypatch.setenv("SCALETRAIN_CATALOG", str(tmp_path / "missing.toml"))
+    with pytest.raises(CatalogError, match="missing.toml"):
+        load_catalog()
+
+
+@pytest.mark.parametrize("text, entry, what", [
+    (NEW_GPU + "tflops_typo = 3.0\n", "[gpus.mi999]", "unknown fields ['tflops_typo']"),
+    (NEW_GPU.replace("hbm_gb = 192.0\n", ""), "[gpus.mi999]", "missing fields ['hbm_gb']"),
+    (NEW_GPU.replace("hbm_tbps = 5.3", "hbm_tbps = -5.3"), "[gpus.mi999]", "hbm_tbps"),
+    (NEW_GPU.replace("bf16_tflops = 1000.0", 'bf16_tflops = "fast"'), "[gpus.mi999]", "bf16_tflops"),
+    (NEW_GPU + NEW_NODE.replace("gpus_per_node = 8", "gpus_per_node = 0"), "[nodes.mi999-box]", "gpus_per_node"),
+    (NEW_GPU + NEW_NODE.replace("gpus_per_node = 8", "gpus_per_node = 2.5"), "[nodes.mi999-box]",
+     "gpus_per_node"),
+    (FABRIC.format(radix=64).replace("sharp = false", 'sharp = "yes"'), "[fabrics.tiny]", "sharp"),
+], ids=["unknown-field", "missing-field", "negative", "not-a-number", "zero-int", "fractional-int", "bad-bool"])
+def test_malformed_entries_name_the_file_and_entry(tmp_path, text, entry, what):
+    path = _write(tmp_path, text)
+    with pytest.raises(CatalogError) as exc:
+        load_catalog(extra=[str(path)])
+    msg = str(exc.value)
+    assert str(path) in msg
+    assert entry in msg
+    assert what in msg
+
+
+def test_bad_toml_and_unknown_table_name_the_file(tmp_path):
+    path = _write(tmp_path, "[gpus.mi999\nname = 1\n")
+    with pytest.raises(CatalogError) as exc:
+        load_catalog(extra=[str(path)])
+    assert str(path) in str(exc.value) and "not valid TOML" in str(exc.value)
+    path = _write(tmp_path, "[switches.x]\nname = 'x'\n", "table.toml")
+    with pytest.raises(CatalogError) as exc:
+        load_catalog(extra=[str(path)])
+    assert str(path) in str(exc.value) and "[switches]" in str(exc.value)
+
+
+def test_node_naming_unknown_gpu_or_fabric_is_rejected(tmp_path):
+    path = _write(tmp_path, NEW_NODE)  # no [gpus.mi999] anywhere
+    with pytest.raises(CatalogError) as exc:
+        load_catalog(extra=[str(path)])
+    assert "mi999-box" in str(exc.value) and "'mi999'" in str(exc.value)
+    path = _write(tmp_path, NEW_GPU + NEW_NODE.replace('fabric = "roce"', 'fabric = "carrier-pigeon"'), "f.toml")
+    with pytest.raises(CatalogError, match="carrier-pigeon"):
+        load_catalog(extra=[str(path)])
+    path = _write(tmp_path, NEW_GPU + NEW_NODE.replace("nvlink_domain = 8", "nvlink_domain = 12"), "d.toml")
+    with pytest.raises(CatalogError, match="mi999-box.*nvlink_domain"):
+        load_catalog(extra=[str(path)])
+
+
+def test_node_naming_unknown_gpu_names_the_file(tmp_path):
+    path = _write(tmp_path, NEW_NODE)
+    with pytest.raises(CatalogError) as exc:
+        load_catalog(extra=[str(path)])
+    assert str(path) in str(exc.value)
+
+
+@pytest.mark.parametrize("text", ["[gpus]\nh100 = 5\n", "gpus = 3\n"], ids=["entry-not-table", "kind-not-table"])
+def test_entry_that_is_not_a_table_raises_catalog_error(tmp_path, text):
+    path = _write(tmp_path, text)
+    with pytest.raises(CatalogError) as exc:
+        load_catalog(extra=[str(path)])
+    assert str(path) in str(exc.value)
+
+
+def test_nan_number_is_rejected(tmp_path):
+    path = _write(tmp_path, NEW_GPU.replace("hbm_tbps = 5.3", "hbm_tbps = nan"))
+    with pytest.raises(CatalogError, match="hbm_tbps"):
+        load_catalog(extra=[str(path)])
+
+
+def test_fabric_radix_reaches_further_with_more_ports(tmp_path):
+    path = _write(tmp_path, FABRIC.format(radix=4))
+    f = load_catalog(extra=[str(path)]).fabric("tiny")
+    # radix 4: 4 endpoints on one switch, 8 with two levels, 16 with three.
+    assert [f.tiers(n) for n in (4, 5, 8, 9, 16, 17)] == [1, 2, 2, 3, 3, 4]
+
+
+def test_partial_override_of_a_known_entry(tmp_path):
+    path = _write(tmp_path, "[gpus.h100]\nhbm_gb = 96.0\n", "partial.toml")
+    g = load_catalog(extra=[str(path)]).gpu("h100")
+    assert g.hbm_gb == 96.0 and g.bf16_tflops == 989.0
+
+
+@pytest.mark.parametrize("radix", [1, 2])
+def test_fabric_radix_below_three_is_rejected(tmp_path, radix):
+    path = _write(tmp_path, FABRIC.format(radix=radix))
+    with pytest.raises(CatalogError, match="radix"):
+        load_catalog(extra=[str(path)])

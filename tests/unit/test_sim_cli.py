@@ -1,0 +1,133 @@
+"""The simulator's command line: predict/plan/sim validate/calibrate/plot, their JSON, and their errors."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scaletrain.cli import main
+from scaletrain.sim import calibrate as cal
+from scaletrain.sim.efficiency import load_efficiencies
+from scaletrain.sim.results import bundled_results
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+PREDICT_KEYS = {"step_time_s", "time_to_train_min", "tokens_per_s_per_gpu", "mfu", "memory_gib_per_gpu", "steps",
+                "feasible", "breakdown", "layout"}
+
+
+def run_json(capsys, argv):
+    code = main(argv)
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_predict_json_gpt3_record_layout(capsys):
+    code, out = run_json(capsys, ["predict", "--model", "gpt3-175b", "--gpu", "h100", "--gpus", "10752", "--node",
+                                  "nd-h100-v5", "--gbs", "2688", "--tp", "4", "--pp", "8", "--vp", "12", "--mbs", "1",
+                                  "--fp8", "--calibration", "v3.1", "--json"])
+    assert code == 0
+    assert PREDICT_KEYS <= set(out)
+    assert out["feasible"] and out["layout"]["dp"] == 336 and out["layout"]["microbatches"] == 8
+    assert out["steps"] == 220                       # 1.2e9 tokens at GBS 2688, whole evaluation intervals
+    assert 3.0 < out["time_to_train_min"] < 5.0      # published: about 4 minutes
+    assert abs(sum(out["breakdown"].values()) - out["step_time_s"]) < 1e-9
+
+
+def test_predict_llama_lora_and_calibration_choice(capsys):
+    code, v40 = run_json(capsys, ["predict", "--model", "llama2-70b-lora", "--gpu", "h200", "--gpus", "8",
+                                  "--tp", "2", "--gbs", "8", "--fp8", "--calibration", "v4.0", "--json"])
+    assert code == 0 and v40["calibration"] == "v4.0/hopper"
+    _, v41 = run_json(capsys, ["predict", "--model", "llama2_70b_lora", "--gpu", "h200", "--gpus", "8",
+                               "--tp", "2", "--gbs", "8", "--fp8", "--json"])
+    assert v41["calibration"] == "v4.1/hopper"
+    assert v41["step_time_s"] < v40["step_time_s"]   # the newer software release is faster on the same layout
+
+
+def test_predict_bad_layout_is_reported_not_raised(capsys):
+    code, out = run_json(capsys, ["predict", "--gpus", "512", "--tp", "4", "--pp", "7", "--gbs", "2048", "--json"])
+    assert code == 1 and out["feasible"] is False
+    assert any("pp" in r for r in out["reasons"])
+
+
+def test_predict_unknown_gpu_one_line_exit_2(capsys):
+    assert main(["predict", "--gpus", "8", "--gpu", "h300"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown gpu 'h300'" in err[0] and "h100" in err[0]
+
+
+def test_validate_scores_the_rest_and_names_bad_rows(tmp_path, capsys):
+    src = (SHARED / "mlperf_gpt3_calibration.csv") if SHARED.exists() else None
+    text = src.read_text() if src else None
+    if text is None:
+        from importlib import resources
+        text = (resources.files("scaletrain.sim") / "data" / "mlperf_gpt3_calibration.csv").read_text()
+    lines = text.splitlines()
+    bad = [lines[0], lines[1], lines[2].replace("NVIDIA H100-SXM5-80GB", "NVIDIA H300-SXM"),
+           lines[3].replace(",4,8,12,1,yes,", ",4,7,12,1,yes,")]
+    csv = tmp_path / "r.csv"
+    csv.write_text("\n".join(bad) + "\n")
+    missing = tmp_path / "m.csv"
+    missing.write_text("benchmark,round\ngpt3,3.0\n")
+    code, out = run_json(capsys, ["sim", "validate", "--results", str(csv), "--results", str(missing), "--json"])
+    assert code == 0
+    assert len(out["rows"]) == 1 and out["rows"][0]["line"] == 2
+    where = {s["where"]: s["reason"] for s in out["skipped"]}
+    assert "unknown accelerator" in where[f"{csv} line 3"]
+    assert any(k.startswith(f"{csv} line 4") and "tp*pp*cp" in v for k, v in where.items())
+    assert "missing required column" in where[str(missing)]
+
+
+def test_calibration_rows_meet_the_accuracy_target(capsys):
+    code, out = run_json(capsys, ["sim", "validate", "--json"])
+    assert code == 0 and len(out["rows"]) == len(bundled_results()) == 17
+    for bench in ("gpt3", "llama2_70b_lora"):
+        s = out["summary"][bench]["ttt"]
+        assert s["mape_pct"] <= 5.0 and s["max_err_pct"] <= 10.0, (bench, s)
+
+
+def test_refit_reproduces_the_shipped_efficiencies():
+    ready, bad = cal.prepare(bundled_results())
+    assert not bad
+    effs = cal.fit(ready)
+    shipped = load_efficiencies()["sets"]
+    assert set(effs) == {k for k in shipped if not k.startswith("measured")}
+    for key, eff in effs.items():
+        for name, value in eff.to_dict().items():
+            assert value == pytest.approx(shipped[key][name], rel=0.02, abs=0.01), (key, name)
+
+
+def _fake_run(run_dir: Path, step_time: float) -> None:
+    from scaletrain.config import resolve
+    cfg = resolve("gpt3-1.3b", overrides=["train.global_batch_size=16", "train.micro_batch_size=4"])
+    cfg.save(run_dir)
+    with open(run_dir / "metrics.jsonl", "w") as f:
+        for step in range(1, 11):
+            f.write(json.dumps({"step": step, "step_time_s": step_time, "model_tflops": 400.0,
+                                "model_tflops_per_device": 400.0, "mfu_peak": "h200 dense bf16 989 TFLOP/s"}) + "\n")
+
+
+def test_calibrate_from_measured_runs_moves_predictions(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    _fake_run(run, 0.50)
+    out = tmp_path / "eff.json"
+    assert main(["sim", "calibrate", str(run), "--out", str(out)]) == 0
+    sets = json.loads(out.read_text())["sets"]
+    assert set(sets) == {"measured/hopper"}
+    monkeypatch.setenv("SCALETRAIN_EFFICIENCY", str(out))
+    capsys.readouterr()
+    code, pred = run_json(capsys, ["predict", "--model", "gpt3-1.3b", "--gpu", "h200", "--gpus", "1", "--gbs", "16",
+                                   "--mbs", "4", "--zero", "0", "--calibration", "measured", "--json"])
+    assert pred["calibration"] == "measured/hopper"
+    assert pred["step_time_s"] == pytest.approx(0.50, rel=0.02)   # the fit reproduces the measurement
+
+
+def test_calibrate_run_dir_errors(tmp_path, capsys):
+    assert main(["sim", "calibrate", str(tmp_path)]) == 2
+    assert "config.json" in capsys.readouterr().err
+
+
+def test_sim_does_not_import_torch():
+    code = ("import sys, scaletrain.sim.commands, scaletrain.sim.predict, scaletrain.sim.plan; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
