@@ -88,7 +88,8 @@ def layer_times(w: Workload, layout: Layout, gpu: GPU, gemm_eff: float) -> Layer
     # Flash attention computes the causal half of the s^2 work Megatron's FLOPs count; backward recomputes
     # the scores, about 2.5x the forward.
     attn_flops = 2 * 2 * b * s * (s / cp) * w.hidden / t * 0.5
-    attn_f = attn_flops / (gpu.attn_tflops * TB * gemm_eff) + 2 * gpu.kernel_us * 1e-6
+    # Context parallelism runs attention as cp partial blocks (one per K/V chunk) plus a merge: more, smaller kernels.
+    attn_f = attn_flops / (gpu.attn_tflops * TB * gemm_eff) + 2 * cp * gpu.kernel_us * 1e-6
     attn_b = 2.5 * attn_f
     # Elementwise traffic shrinks by t only under sequence parallelism (otherwise every TP rank holds the
     # whole sequence in the LayerNorm/residual regions).

@@ -103,20 +103,25 @@ def _dp_buckets(w: Workload, layout: Layout, cl: Cluster, rank: int, chunk: int)
     t, p, v = layout.tp, layout.pp, layout.vp
     layers = w.layers // (p * v)
     params = _trainable_per_layer(w, t) * layers
-    nb = max(1, min(layers, math.ceil(params / max(_BUCKET_PARAMS, 1e6 * n))))
-    sizes = [params / nb] * nb
+    # ZeRO-3 shards and gathers every weight, frozen ones included (a LoRA base gathers its FP8/bf16 weights).
+    gathered = (w.layer_params / t * layers) if layout.zero == 3 else params
+    weight_bytes = 1 if (layout.zero == 3 and w.lora and layout.fp8) else BF16
+    nb = max(1, min(layers, math.ceil(max(params, gathered) / max(_BUCKET_PARAMS, 1e6 * n))))
+    sizes, gsizes = [params / nb] * nb, [gathered / nb] * nb
     if not w.lora:
         vocab = w.vocab * w.hidden / t
         if rank == p - 1 and chunk == v - 1:
             sizes[0] += vocab
+            gsizes[0] += vocab
         if rank == 0 and chunk == 0:
             sizes[-1] += vocab
+            gsizes[-1] += vocab
     grad_bytes = BF16 if layout.bf16_grads else 4
     if layout.zero == 0:
         return [cl.collective("all_reduce", n, x * grad_bytes, stride=t) for x in sizes], [0.0] * nb
     gathers = 2 if layout.zero == 3 else 1
     return ([cl.collective("reduce_scatter", n, x * grad_bytes, stride=t) for x in sizes],
-            [gathers * cl.collective("all_gather", n, x * BF16, stride=t) for x in sizes])
+            [gathers * cl.collective("all_gather", n, x * weight_bytes, stride=t) for x in gsizes])
 
 
 def _dp_timing(w, layout, cl, eff, ranks, fwd, bwd, lbe, ffs, makespan) -> tuple[float, float]:
