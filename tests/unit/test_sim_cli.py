@@ -131,3 +131,17 @@ def test_sim_does_not_import_torch():
     code = ("import sys, scaletrain.sim.commands, scaletrain.sim.predict, scaletrain.sim.plan; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_plot_writes_a_png_with_curves(tmp_path, capsys):
+    out = tmp_path / "lora.png"
+    assert main(["sim", "plot", "--model", "llama2-70b-lora", "--gpu", "h200", "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    from scaletrain.sim.plot import scaling_curves
+    pts = scaling_curves("llama2-70b-lora", ("h200",), counts=(8, 64))["h200"]
+    assert [n for n, _, _ in pts] == [8, 64] and pts[1][1] < pts[0][1]   # more GPUs, shorter time to train
+
+
+def test_plot_rejects_non_benchmark_model(tmp_path, capsys):
+    assert main(["sim", "plot", "--model", "gpt3-125m", "--out", str(tmp_path / "x.png")]) == 2
+    assert "MLPerf benchmark" in capsys.readouterr().err
