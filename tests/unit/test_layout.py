@@ -91,3 +91,11 @@ def test_dry_run_rejects_what_cannot_fit_or_divide(capsys):
     assert "not a multiple of the data-parallel size 336" in capsys.readouterr().err
     assert main(["train", "--dry-run", "--world-size", "512", "--preset", "gpt3-175b", "--parallel.tp", "4",
                  "--parallel.pp", "8", "--train.micro_batch_size", "1", "--gpu", "h200"]) == 0
+
+
+def test_trainer_refuses_llama_and_lora_until_built():
+    from scaletrain.config import ConfigError, resolve
+    with pytest.raises(ConfigError, match="model.arch='llama'"):
+        Layout.from_config(resolve("llama2-70b"), 8)
+    with pytest.raises(ConfigError, match="lora.rank=4"):
+        Layout.from_config(resolve("gpt3-proxy", overrides=["lora.rank=4"]), 1)

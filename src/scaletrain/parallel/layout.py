@@ -42,6 +42,13 @@ class Layout:
     def from_config(cls, cfg: Config, world_size: int) -> "Layout":
         """Resolve cfg.parallel for `world_size` ranks (dp_shard=-1 takes what is left); raises LayoutError."""
         p = cfg.parallel
+        # The simulator already takes Llama and LoRA configs; the trainer builds only the gpt3 decoder so far.
+        if cfg.model.arch != "gpt3":
+            raise ConfigError(f"model.arch={cfg.model.arch!r}: the trainer builds only 'gpt3' models so far "
+                              f"(`scaletrain predict`/`plan` accept {cfg.model.arch!r})")
+        if cfg.lora.rank > 0:
+            raise ConfigError(f"lora.rank={cfg.lora.rank}: LoRA training is not built yet (`scaletrain predict` "
+                              f"accepts it); use lora.rank=0")
         if world_size < 1:
             raise LayoutError(f"world size {world_size}: must be >= 1")
         others = p.dp_replicate * p.tp * p.pp * p.cp
