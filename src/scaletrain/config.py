@@ -94,6 +94,8 @@ class DataConfig:
     """SentencePiece .model file the datasets were encoded with; empty means the default corpus's."""
     data_dir: str = ""
     """Where `scaletrain data fetch` puts the default corpus; empty means $SCALETRAIN_DATA or ~/.cache/scaletrain."""
+    format: str = "pretrain"
+    """'pretrain' (token stream cut into samples) or 'sft' (packed input/output pairs, loss on outputs; default set: KJV)."""
 
 
 @dataclass
@@ -295,6 +297,8 @@ def _problems(c: Config):
         yield f"train.dtype={t.dtype!r}: must be 'bf16' or 'fp32'"
     if t.device not in ("auto", "cpu", "cuda"):
         yield f"train.device={t.device!r}: must be 'auto', 'cpu' or 'cuda'"
+    if c.data.format not in ("pretrain", "sft"):
+        yield f"data.format={c.data.format!r}: must be 'pretrain' or 'sft'"
     if t.eval_interval_samples <= 0:
         yield f"train.eval_interval_samples={t.eval_interval_samples}: must be > 0"
     for name in ("max_steps", "threads"):
@@ -336,7 +340,7 @@ def _problems(c: Config):
         yield f"parallel.activation_checkpoint={p.activation_checkpoint!r}: must be 'none', 'full' or 'selective'"
 
 
-BENCHMARKS = ("gpt3", "gpt3-proxy")
+BENCHMARKS = ("gpt3", "gpt3-proxy", "llama2_70b_lora", "llama2_70b_lora-proxy")
 ARCHS = ("gpt3", "llama")
 LORA_TARGETS = ("qkv", "proj", "fc1", "fc2")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")

@@ -93,9 +93,7 @@ def test_dry_run_rejects_what_cannot_fit_or_divide(capsys):
                  "--parallel.pp", "8", "--train.micro_batch_size", "1", "--gpu", "h200"]) == 0
 
 
-def test_trainer_refuses_llama_and_lora_until_built():
-    from scaletrain.config import ConfigError, resolve
-    with pytest.raises(ConfigError, match="model.arch='llama'"):
-        Layout.from_config(resolve("llama2-70b"), 8)
-    with pytest.raises(ConfigError, match="lora.rank=4"):
-        Layout.from_config(resolve("gpt3-proxy", overrides=["lora.rank=4"]), 1)
+def test_trainer_takes_llama_and_lora():
+    from scaletrain.config import resolve
+    assert Layout.from_config(resolve("llama2-70b", overrides=["parallel.tp=8"]), 8).tp == 8  # Llama built
+    assert Layout.from_config(resolve("gpt3-proxy", overrides=["lora.rank=4"]), 1).world_size == 1  # LoRA built

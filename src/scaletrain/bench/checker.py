@@ -15,10 +15,13 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["CheckResult", "check_log", "checker_command", "proxy_rules_path", "RULESET"]
+__all__ = ["CheckResult", "check_log", "checker_command", "proxy_rules_path", "RULESET", "OFFICIAL", "PROXY_RULES"]
 
 # gpt3 rules exist only in rulesets 3.0.0-4.1.0; the package's default (newer) ruleset crashes on gpt3 logs.
 RULESET = "4.1.0"
+# Benchmarks checked against the package's own ruleset, and proxies checked with their packaged rules file.
+OFFICIAL = ("gpt3", "llama2_70b_lora")
+PROXY_RULES = {"gpt3-proxy": "gpt3_proxy.yaml", "llama2_70b_lora-proxy": "llama2_70b_lora_proxy.yaml"}
 _SUCCESS = re.compile(r"^\S+ - SUCCESS\s*$", re.MULTILINE)
 _FAILED = re.compile(r"^\S+ - FAILED\s*$", re.MULTILINE)
 
@@ -39,23 +42,26 @@ class CheckResult:
         return asdict(self)
 
 
-def proxy_rules_path():
-    """The packaged rules file for the gpt3-proxy benchmark (a Traversable; see `check_log` for a real path)."""
-    return resources.files("scaletrain.bench").joinpath("rules").joinpath("gpt3_proxy.yaml")
+def proxy_rules_path(benchmark: str = "gpt3-proxy"):
+    """The packaged rules file of a proxy benchmark (a Traversable; see `check_log` for a real path)."""
+    if benchmark not in PROXY_RULES:
+        raise ValueError(f"no proxy rules file for {benchmark!r}; proxies: {sorted(PROXY_RULES)}")
+    return resources.files("scaletrain.bench").joinpath("rules").joinpath(PROXY_RULES[benchmark])
 
 
 def checker_command(log: str | Path, benchmark: str, config: str | Path | None = None,
                     log_output: str | Path | None = None) -> list[str]:
-    """The checker command line for `benchmark` ("gpt3" or "gpt3-proxy"); `config` is the proxy rules path."""
+    """The checker command line for `benchmark` (OFFICIAL or a PROXY_RULES name); `config` is the proxy rules path."""
     cmd = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
            "--ruleset", RULESET, "--werror"]
-    if benchmark == "gpt3-proxy":
+    if benchmark in PROXY_RULES:
         if config is None:
-            raise ValueError("gpt3-proxy needs the proxy rules file as config")
+            raise ValueError(f"{benchmark} needs its proxy rules file as config")
         # Absolute: the checker joins --config onto its own package directory, so a relative path would point there.
         cmd += ["--config", os.path.abspath(config)]
-    elif benchmark != "gpt3":
-        raise ValueError(f"no compliance rules for benchmark {benchmark!r}; expected 'gpt3' or 'gpt3-proxy'")
+    elif benchmark not in OFFICIAL:
+        raise ValueError(f"no compliance rules for benchmark {benchmark!r}; expected one of "
+                         f"{sorted([*OFFICIAL, *PROXY_RULES])}")
     if log_output is not None:
         cmd += ["--log_output", str(log_output)]
     return cmd + [str(log)]
@@ -65,7 +71,8 @@ def check_log(path: str | Path, benchmark: str, log_output: str | Path | None = 
               timeout_s: float = 300.0) -> CheckResult:
     """Check the MLLOG file `path` against the rules of `benchmark` with `--werror`.
 
-    "gpt3": the official ruleset 4.1.0. "gpt3-proxy": the same engine with `--config` = the packaged proxy rules.
+    "gpt3", "llama2_70b_lora": the official ruleset 4.1.0. "gpt3-proxy", "llama2_70b_lora-proxy": the same engine
+    with `--config` = the packaged proxy rules file.
     The checker also appends its messages to a file (by default `compliance_checker.log` in the current directory);
     CheckResult.output already holds them, so that copy goes to os.devnull unless `log_output` names a file.
     """
@@ -74,9 +81,9 @@ def check_log(path: str | Path, benchmark: str, log_output: str | Path | None = 
         log_output = os.devnull
     with ExitStack() as stack:
         config = None
-        if benchmark == "gpt3-proxy":
+        if benchmark in PROXY_RULES:
             # as_file gives a real path even from a zipped install; an ordinary install returns the file itself.
-            config = stack.enter_context(resources.as_file(proxy_rules_path()))
+            config = stack.enter_context(resources.as_file(proxy_rules_path(benchmark)))
         cmd = checker_command(path, benchmark, config=config, log_output=log_output)
         if not path.is_file():
             return CheckResult(False, cmd, f"no such log file: {path}")

@@ -1,12 +1,15 @@
 """The timed MLPerf protocol around a training Engine: init -> run_start -> blocks/evals -> run_stop; N runs; score.
 
-Event protocol (gpt3, ruleset 4.1.0; ../shared/docs/benchmarks.md):
+Event protocol (ruleset 4.1.0; ../shared/docs/benchmarks.md):
     cache_clear, init_start, submission_* and hparams, [engine.init: untimed], init_stop, run_start,
-    { block_start, ceil(eval_interval/GBS) train steps, block_stop, eval_start, eval_accuracy, eval_stop }*,
-    run_stop(status), train_samples.
-`epoch_num`/`first_epoch_num`/`epoch_count` are training TOKENS since the start checkpoint (steps * GBS * seq_len),
-which is also what the RCP checker reads as "epochs to converge". Time to train = run_stop - run_start, both read
-from the log's own time_ms stamps.
+    { block_start, train steps up to the next evaluation, block_stop, eval_start, eval_accuracy, eval_stop }*,
+    run_stop(status), and for gpt3 train_samples.
+gpt3: an evaluation every ceil(eval_interval/GBS) steps; `epoch_num`/`first_epoch_num`/`epoch_count` are training
+TOKENS since the start checkpoint (steps * GBS * seq_len), which the RCP checker reads as "epochs to converge".
+llama2_70b_lora: the same cadence, but the first floor(0.125*GBS + 2) evaluations are neither run nor logged (the
+first block is that much longer); every event carries `samples_count` = training samples since run_start
+(steps * GBS), which the RCP checker reads as "samples to converge"; train_samples/eval_samples are the dataset
+sizes, logged at init. Time to train = run_stop - run_start, both read from the log's own time_ms stamps.
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ from scaletrain.config import Config
 
 from .checker import RULESET, check_log
 from .mllog import C, MLLogWriter
-from .rules import (eval_every_steps, max_benchmark_steps, mllog_hparams, official_rule_violations,
-                    tokens_per_step)
-from .score import olympic_score
+from .rules import Cadence, eval_skip, is_lora, mllog_hparams, official_rule_violations
+from .score import olympic_score, required_runs
+from .summary import print_summary
 
 __all__ = ["Engine", "NonFiniteLoss", "run_once", "run_benchmark", "derive_seeds", "default_platform"]
 
@@ -40,12 +43,17 @@ class NonFiniteLoss(RuntimeError):
 
 @runtime_checkable
 class Engine(Protocol):
-    """What the harness drives. Steps count from the start checkpoint (step 1 is the first timed step)."""
+    """What the harness drives. Steps count from the start checkpoint (step 1 is the first timed step).
+
+    llama2_70b_lora engines also carry `eval_samples` and `train_samples`: the validation and training sequence
+    counts (173 and 3901 for GovReport), logged under those keys and read like eval_tokens. They are not members
+    here so that a gpt3 engine without them still satisfies isinstance(engine, Engine).
+    """
 
     seq_len: int
     global_batch_size: int
     eval_tokens: int
-    """Validation label-token count, logged as eval_samples; read before init() if set then, else after it."""
+    """gpt3: validation label-token count, logged as eval_samples; read before init() if set then, else after it."""
 
     def init(self) -> None:
         """UNTIMED: build the model, warm up, then reset model/optimizer/data/RNG to the seed's initial state."""
@@ -75,11 +83,21 @@ def default_platform(cfg: Config, dp_size: int = 1) -> str:
     return f"{dp_size}x{name}"
 
 
-def _eval_tokens(engine: Any) -> int | None:
-    value = getattr(engine, "eval_tokens", None)
+def _positive(engine: Any, attr: str) -> int | None:
+    value = getattr(engine, attr, None)
     if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > 0:
         return int(value)
     return None
+
+
+def _dataset_sizes(cfg: Config, engine: Any) -> dict | None:
+    """What the init phase logs from the engine: gpt3 eval_samples = engine.eval_tokens; llama2_70b_lora
+    eval_samples/train_samples = engine.eval_samples/train_samples. None while any of them is still unknown."""
+    if is_lora(cfg):
+        sizes = {"eval_samples": _positive(engine, "eval_samples"), "train_samples": _positive(engine, "train_samples")}
+    else:
+        sizes = {"eval_samples": _positive(engine, "eval_tokens")}
+    return None if None in sizes.values() else sizes
 
 
 def _check_engine(cfg: Config, engine: Any) -> None:
@@ -111,8 +129,7 @@ def run_once(cfg: Config, engine: Engine, run_dir: str | Path, dp_size: int = 1,
         run_dir.mkdir(parents=True, exist_ok=True)
     _check_engine(cfg, engine)
     platform = platform or cfg.bench.platform or default_platform(cfg, dp_size)
-    every, limit, tps = eval_every_steps(cfg), max_benchmark_steps(cfg), tokens_per_step(cfg)
-    target = cfg.train.target_eval_loss
+    plan = Cadence(cfg)
     state: dict[str, Any] = {"status": None, "reason": None, "steps": 0, "evals": [], "last": {},
                              "t_start": None, "t_stop": None, "error": None}
     resume = (getattr(engine, "resume_info", None) or {}).get("harness") or None
@@ -125,13 +142,13 @@ def run_once(cfg: Config, engine: Engine, run_dir: str | Path, dp_size: int = 1,
     log = MLLogWriter(log_path, mode="a" if resume else "w")
     try:
         try:
-            _protocol(cfg, engine, log, state, dp_size, platform, every, limit, tps, target, resume)
+            _protocol(cfg, engine, log, state, dp_size, platform, plan, resume)
         except BaseException as exc:
             state["error"] = f"{type(exc).__name__}: {exc}"
             if state["t_start"] is not None and state["t_stop"] is None:
                 state["status"], state["reason"] = C.ABORTED, f"crashed: {state['error']}"
                 state["t_stop"] = log.end(C.RUN_STOP, metadata={"status": C.ABORTED, "reason": state["reason"]})
-            result = _result(cfg, state, tps, run_dir)
+            result = _result(cfg, state, plan, run_dir)
             if writer:
                 _write_json(run_dir / "result.json", result)
             try:  # let the engine close its writers; its own failure must not hide the original one
@@ -141,49 +158,57 @@ def run_once(cfg: Config, engine: Engine, run_dir: str | Path, dp_size: int = 1,
             raise
     finally:
         log.close()
-    result = _result(cfg, state, tps, run_dir)
+    result = _result(cfg, state, plan, run_dir)
     if writer:
         _write_json(run_dir / "result.json", result)
     engine.finish(result)
     return result
 
 
-def _protocol(cfg, engine, log, state, dp_size, platform, every, limit, tps, target, resume=None) -> None:
+def _protocol(cfg, engine, log, state, dp_size, platform, plan, resume=None) -> None:
     # Events are logged on their own lines here, on purpose: mllog stamps each with this file and line number.
     if resume:
         state.update(steps=int(resume["steps"]), evals=list(resume["evals"]), t_start=int(resume["t_start"]))
         engine.init()  # rebuilds and loads the checkpoint
         if getattr(engine, "step", state["steps"]) != state["steps"]:
             raise RuntimeError(f"checkpoint step {engine.step} does not match the harness state {state['steps']}")
-        _train_loop(engine, log, state, every, limit, tps, target)
+        _train_loop(engine, log, state, plan)
         return
-    early_tokens = _eval_tokens(engine)
-    hparams = mllog_hparams(cfg, early_tokens or 1, platform, dp_size)  # validates before anything is logged
+    early = _dataset_sizes(cfg, engine)
+    # Validates before anything is logged (placeholder sizes when the engine learns them in init()).
+    hparams = mllog_hparams(cfg, platform=platform, dp_size=dp_size, **(early or _placeholder_sizes(plan)))
     log.event(C.CACHE_CLEAR, True)
     log.start(C.INIT_START)
-    if early_tokens is not None:
+    if early is not None:
         for key, value in hparams[1:]:
             log.event(key, value)
     engine.init()
-    if early_tokens is None:
-        tokens = _eval_tokens(engine)
-        if tokens is None:
-            raise ValueError(f"engine.eval_tokens={getattr(engine, 'eval_tokens', None)!r} after init(): "
-                             "must be the positive validation label-token count")
-        for key, value in mllog_hparams(cfg, tokens, platform, dp_size)[1:]:
+    if early is None:
+        sizes = _dataset_sizes(cfg, engine)
+        if sizes is None:
+            attrs = ("eval_samples", "train_samples") if plan.lora else ("eval_tokens",)
+            have = {a: getattr(engine, a, None) for a in attrs}
+            raise ValueError(f"engine {have} after init(): must be positive "
+                             + ("validation/training sequence counts" if plan.lora
+                                else "the validation label-token count"))
+        for key, value in mllog_hparams(cfg, platform=platform, dp_size=dp_size, **sizes)[1:]:
             log.event(key, value)
     log.end(C.INIT_STOP)
     state["t_start"] = log.start(C.RUN_START)
-    _train_loop(engine, log, state, every, limit, tps, target)
+    _train_loop(engine, log, state, plan)
 
 
-def _train_loop(engine, log, state, every, limit, tps, target) -> None:
+def _placeholder_sizes(plan: Cadence) -> dict:
+    return {"eval_samples": 1, "train_samples": 1} if plan.lora else {"eval_samples": 1}
+
+
+def _train_loop(engine, log, state, plan: Cadence) -> None:
+    limit, target = plan.limit, plan.target
     while state["status"] is None:
-        n = min(every, limit - state["steps"])
-        block = {"first_epoch_num": state["steps"] * tps, "epoch_count": n * tps}
-        log.start(C.BLOCK_START, metadata=block)
+        first, stop = state["steps"], plan.next_stop(state["steps"])
+        log.start(C.BLOCK_START, metadata=plan.block_meta(first, stop, stop=False))
         try:
-            for _ in range(n):
+            for _ in range(stop - first):
                 out = engine.train_step()
                 loss = float(out["loss"])
                 if not math.isfinite(loss):  # an engine that forgot its own check
@@ -191,20 +216,21 @@ def _train_loop(engine, log, state, every, limit, tps, target) -> None:
                 state["steps"] += 1
                 state["last"] = out
         except NonFiniteLoss as exc:
-            log.end(C.BLOCK_STOP, metadata=block)
+            # gpt3 repeats block_start's metadata; lora counts the samples actually trained.
+            log.end(C.BLOCK_STOP, metadata=plan.block_meta(first, state["steps"] if plan.lora else stop, stop=True))
             state["status"], state["reason"] = C.ABORTED, str(exc)
             break
-        log.end(C.BLOCK_STOP, metadata=block)
+        log.end(C.BLOCK_STOP, metadata=plan.block_meta(first, stop, stop=True))
 
-        tokens = state["steps"] * tps
-        log.start(C.EVAL_START, metadata={"epoch_num": tokens})
+        steps = state["steps"]
+        log.start(C.EVAL_START, metadata=plan.point_meta(steps))
         eval_loss = float(engine.evaluate())
-        log.event(C.EVAL_ACCURACY, eval_loss, metadata={"epoch_num": tokens})
-        t_eval = log.end(C.EVAL_STOP, metadata={"epoch_num": tokens})
+        log.event(C.EVAL_ACCURACY, eval_loss, metadata=plan.point_meta(steps))
+        t_eval = log.end(C.EVAL_STOP, metadata=plan.point_meta(steps))
         last = state["last"]
-        state["evals"].append({"step": state["steps"], "tokens": tokens, "eval_loss": eval_loss,
-                               "train_loss": _num(last.get("loss")), "lr": _num(last.get("lr")),
-                               "time_s": (t_eval - state["t_start"]) / 1000.0})
+        state["evals"].append({"step": steps, "tokens": steps * plan.tps, "samples": steps * plan.gbs,
+                               "eval_loss": eval_loss, "train_loss": _num(last.get("loss")),
+                               "lr": _num(last.get("lr")), "time_s": (t_eval - state["t_start"]) / 1000.0})
         if not math.isfinite(eval_loss):
             state["status"], state["reason"] = C.ABORTED, f"non-finite eval loss {eval_loss} at step {state['steps']}"
         elif eval_loss <= target:
@@ -221,15 +247,18 @@ def _train_loop(engine, log, state, every, limit, tps, target) -> None:
     stop_meta = {"status": state["status"]}
     if state["reason"]:
         stop_meta["reason"] = state["reason"]
+    if plan.lora:
+        stop_meta[C.SAMPLES_COUNT] = state["steps"] * plan.gbs
     state["t_stop"] = log.end(C.RUN_STOP, metadata=stop_meta)
-    log.event(C.TRAIN_SAMPLES, state["steps"] * tps)
+    if not plan.lora:  # lora logged its training-set size at init, as its reference does
+        log.event(C.TRAIN_SAMPLES, state["steps"] * plan.tps)
 
 
 def _num(x: Any) -> float | None:
     return None if x is None else float(x)
 
 
-def _result(cfg: Config, state: dict, tps: int, run_dir: Path) -> dict:
+def _result(cfg: Config, state: dict, plan: Cadence, run_dir: Path) -> dict:
     evals = state["evals"]
     t0, t1 = state["t_start"], state["t_stop"]
     return {
@@ -237,7 +266,9 @@ def _result(cfg: Config, state: dict, tps: int, run_dir: Path) -> dict:
         "time_to_train_s": None if t0 is None or t1 is None else (t1 - t0) / 1000.0,
         "eval_loss": evals[-1]["eval_loss"] if evals else None,
         "steps": state["steps"],
-        "tokens": state["steps"] * tps,
+        "tokens": state["steps"] * plan.tps,
+        "samples": state["steps"] * plan.gbs,
+        "skipped_evals": eval_skip(cfg),
         "seed": cfg.train.seed,
         "benchmark": cfg.bench.benchmark,
         "evals": evals,
@@ -321,6 +352,7 @@ def run_benchmark(cfg: Config, make_engine: Callable[[Config, int, Path], Engine
         "score_reason": score.reason,
         "dropped": score.dropped,
         "n_runs": score.n_runs,
+        "runs_required": required_runs(cfg.bench.benchmark),
         "n_converged": score.n_converged,
         "converged_all": all(r["status"] == C.SUCCESS for r in runs),
         "compliant_all": compliant_all,
@@ -329,7 +361,7 @@ def run_benchmark(cfg: Config, make_engine: Callable[[Config, int, Path], Engine
         "ruleset": RULESET,
     }
     _write_json(out_dir / "summary.json", summary)
-    _print_summary(console, summary)
+    print_summary(console, summary)
     return summary
 
 
@@ -351,34 +383,3 @@ def _seed_check(logs: list[str]) -> bool:
     from mlperf_logging.package_checker.seed_checker import SeedChecker
 
     return bool(SeedChecker(RULESET).check_seeds(logs))
-
-
-def _print_summary(console: Any, summary: dict) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"MLPerf {summary['benchmark']} (ruleset {summary['ruleset']})")
-    for col in ("run", "seed", "status", "evals", "steps", "time to train", "eval loss", "checker", "score"):
-        table.add_column(col, justify="right" if col not in ("status", "checker", "score") else "left",
-                         no_wrap=True)
-    dropped = set(summary["dropped"])
-    for r in summary["runs"]:
-        ok = r["compliance"]["ok"]
-        verdict = "skipped" if ok is None else ("[green]pass[/green]" if ok else "[red]FAIL[/red]")
-        status = "[green]success[/green]" if r["status"] == C.SUCCESS else f"[red]{r['status']}[/red]"
-        ttt = "-" if r["time_to_train_s"] is None else f"{r['time_to_train_s']:.1f} s"
-        loss = "-" if r["eval_loss"] is None else f"{r['eval_loss']:.4f}"
-        counted = "dropped" if r["run"] in dropped else "counted"
-        table.add_row(str(r["run"]), str(r["seed"]), status, str(len(r["evals"])), str(r["steps"]), ttt, loss,
-                      verdict, counted)
-    console.print(table)
-    for r in summary["runs"]:
-        if r.get("reason"):
-            console.print(f"run {r['run']}: {r['reason']}")
-    if summary["score_s"] is None:
-        console.print(f"[bold]score:[/bold] n/a ({summary['score_reason']})")
-    else:
-        console.print(f"[bold]score:[/bold] {summary['score_s']:.1f} s = {summary['score_min']:.2f} min "
-                      f"(olympic mean of {summary['n_runs']} runs, {summary['n_converged']} converged)")
-    if summary["compliant_all"] is False:
-        console.print("[red]not compliant:[/red] see run_<i>/compliance.txt"
-                      + ("" if summary["seed_check_ok"] else " and the seed check"))

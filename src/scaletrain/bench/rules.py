@@ -1,8 +1,10 @@
-"""The MLPerf gpt3 rules as code: what the init phase logs, which closed-division rules a config breaks, eval cadence.
+"""The MLPerf gpt3 and llama2_70b_lora rules as code: what the init phase logs, which closed-division rules a config
+breaks, eval cadence (with llama2_70b_lora's skipped first evaluations).
 
-Sources: MLCommons training_policies and the `mlperf-logging` 4.1.x rules files (training_4.1.0/closed_gpt3.yaml);
-summarised in ../shared/docs/benchmarks.md section 1. The compliance checker verifies only what reaches the log and
-never the warmup/decay/checkpoint values, the LR/GBS pairing or the model shape; `official_rule_violations` does.
+Sources: MLCommons training_policies (training_rules.adoc as of v4.1) and the `mlperf-logging` 4.1.x rules files
+(training_4.1.0/closed_gpt3.yaml, closed_llama2_70b_lora.yaml); summarised in ../shared/docs/benchmarks.md sections
+1-2. The compliance checker verifies only what reaches the log and never the warmup/decay/checkpoint values, the
+LR/GBS pairing, the model shape or the eval cadence; `official_rule_violations` checks what the config decides.
 
 This module shares its name with the data folder bench/rules/ (the checker's YAML files). That works because the folder
 has no __init__.py, and a module file wins over a namespace-package folder: never add one there.
@@ -16,15 +18,20 @@ from typing import Any
 from mlperf_logging.mllog import constants as C
 
 from scaletrain.config import Config
+from scaletrain.sim.mlperf import skipped_evals  # stdlib only; the one definition of the skip rule
 
 __all__ = [
-    "GPT3", "BENCHMARK_NAMES", "mllog_hparams", "official_rule_violations", "eval_every_steps",
-    "tokens_per_step", "gradient_accumulation_steps", "max_benchmark_steps",
+    "GPT3", "LLAMA2_LORA", "Cadence", "BENCHMARK_NAMES", "LORA_BENCHMARKS", "is_lora", "mllog_hparams",
+    "official_rule_violations", "eval_every_steps", "eval_skip", "next_eval_step", "tokens_per_step",
+    "gradient_accumulation_steps", "max_benchmark_steps",
 ]
 
-# What each scaletrain benchmark logs as submission_benchmark. The proxy logs "gpt3" too: it follows the gpt3 event
-# protocol, and its own rules file (bench/rules/gpt3_proxy.yaml) accepts exactly that value.
-BENCHMARK_NAMES = {"gpt3": C.GPT3, "gpt3-proxy": C.GPT3}
+# What each scaletrain benchmark logs as submission_benchmark. A proxy logs its official name too: it follows that
+# benchmark's event protocol, and its own rules file (bench/rules/*_proxy.yaml) accepts exactly that value.
+BENCHMARK_NAMES = {"gpt3": C.GPT3, "gpt3-proxy": C.GPT3,
+                   "llama2_70b_lora": C.LLAMA2_70B_LORA, "llama2_70b_lora-proxy": C.LLAMA2_70B_LORA}
+# Benchmarks that count samples (metadata samples_count) and skip their first evaluations.
+LORA_BENCHMARKS = frozenset({"llama2_70b_lora", "llama2_70b_lora-proxy"})
 
 
 class GPT3:
@@ -47,6 +54,36 @@ class GPT3:
     GBS_MIN, GBS_MAX = 1536, 8192
     LR_LOW, LR_LOW_MAX_GBS = 2e-5, 3072
     LR_HIGH, LR_HIGH_MIN_GBS = 3e-5, 4096
+
+
+class LLAMA2_LORA:
+    """Closed-division constants of MLPerf Training llama2_70b_lora (rulesets 4.0.0-4.1.0).
+
+    Fixed by training_rules.adoc: clip 0.3, LoRA dropout 0.1, alpha 32, weight decay 1e-4, sequence length (the
+    table says 8196, a typo: the reference and the packed dataset use 8192); closed_llama2_70b_lora.yaml checks
+    rank 16.
+    Not in the table, hence fixed to the reference (HF AdamW defaults and its cosine to 0, NVIDIA's NeMo config
+    alike): betas 0.9/0.999, eps 1e-8, end LR 0. GBS, base LR, warmup and training steps are unconstrained.
+    """
+
+    N_LAYERS, D_MODEL, N_HEADS, N_KV_HEADS, FFN = 80, 8192, 64, 8, 28672
+    VOCAB = 32000
+    SEQ_LEN = 8192
+    RANK, ALPHA, DROPOUT = 16, 32.0, 0.1
+    TARGETS = frozenset({"qkv", "proj"})
+    WEIGHT_DECAY, GRAD_CLIP = 1e-4, 0.3
+    BETA1, BETA2, EPS = 0.9, 0.999, 1e-8
+    END_LR_RATIO = 0.0
+    TARGET = 0.925
+    EVAL_INTERVAL_SAMPLES = 384
+    # RCPs (rcp_checker/training_4.1.0/rcps_llama2_70b_lora.json) exist for GBS 8, 16, 32 and 128.
+    GBS_MIN, GBS_MAX = 8, 128
+
+
+def is_lora(benchmark: str | Config) -> bool:
+    """True for llama2_70b_lora and its proxy: samples_count metadata and skipped first evaluations."""
+    name = benchmark.bench.benchmark if isinstance(benchmark, Config) else benchmark
+    return name in LORA_BENCHMARKS
 
 
 def _clean(x: float) -> float:
@@ -74,6 +111,54 @@ def eval_every_steps(cfg: Config) -> int:
     return math.ceil(cfg.train.eval_interval_samples / cfg.train.global_batch_size)
 
 
+def eval_skip(cfg: Config) -> int:
+    """Evaluations not run at the start of a run: floor(0.125*GBS + 2) for llama2_70b_lora (and its proxy), else 0.
+
+    training_rules.adoc (v4.1, "Evaluation frequency"): "Every 384 sequences, CEIL(384 / global_batch_size) steps
+    if 384 is not divisible by GBS. Skipping first FLOOR(0.125*global_batch_size+2) evaluations". Skipped means not
+    run and not logged (NVIDIA's NeMo config sets its first val_check_interval to (SKIP_EVALS+1)*384//GBS steps):
+    evaluation k falls after k intervals and the first one run is k = skip + 1 (GBS 8: 3 skipped, first at 1536
+    samples). Same rule as scaletrain.sim.mlperf, which this calls.
+    """
+    return skipped_evals("llama2_70b_lora", cfg.train.global_batch_size) if is_lora(cfg) else 0
+
+
+def next_eval_step(cfg: Config, steps: int) -> int:
+    """The step of the first evaluation after `steps` (0 = run start): a multiple of eval_every_steps past the skip.
+
+    Computed from the step count alone, so a run resumed from a checkpoint lands on the same cadence.
+    """
+    every = eval_every_steps(cfg)
+    return max(steps // every + 1, eval_skip(cfg) + 1) * every
+
+
+class Cadence:
+    """A timed run's cadence and units, fixed by the config: evaluation steps, step budget, target, per-step counts,
+    and the MLLOG metadata that counts them (gpt3: tokens as epoch_num; llama2_70b_lora: samples_count)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.lora = is_lora(cfg)
+        self.limit = max_benchmark_steps(cfg)
+        self.target = cfg.train.target_eval_loss
+        self.tps = tokens_per_step(cfg)
+        self.gbs = cfg.train.global_batch_size
+
+    def next_stop(self, steps: int) -> int:
+        """Where the next block ends: the next evaluation step, or the budget, whichever comes first."""
+        return min(next_eval_step(self.cfg, steps), self.limit)
+
+    def block_meta(self, first: int, last: int, stop: bool) -> dict:
+        """block_start/block_stop metadata for steps first+1..last: tokens (gpt3) or samples now (lora)."""
+        if self.lora:
+            return {C.SAMPLES_COUNT: (last if stop else first) * self.gbs}
+        return {"first_epoch_num": first * self.tps, "epoch_count": (last - first) * self.tps}
+
+    def point_meta(self, steps: int) -> dict:
+        """eval_start/eval_accuracy/eval_stop metadata after `steps` steps."""
+        return {C.SAMPLES_COUNT: steps * self.gbs} if self.lora else {"epoch_num": steps * self.tps}
+
+
 def max_benchmark_steps(cfg: Config) -> int:
     """Step budget of a timed run, counted from the start checkpoint.
 
@@ -86,20 +171,26 @@ def max_benchmark_steps(cfg: Config) -> int:
     return max(1, cfg.optim.decay_steps(gbs) - cfg.optim.init_checkpoint_step(gbs))
 
 
-def mllog_hparams(cfg: Config, eval_samples: int, platform: str, dp_size: int = 1) -> list[tuple[str, Any]]:
-    """Every init-phase key the gpt3 ruleset 4.1.0 requires (plus the recommended seed and weight decay),
+def mllog_hparams(cfg: Config, eval_samples: int, platform: str, dp_size: int = 1,
+                  train_samples: int | None = None) -> list[tuple[str, Any]]:
+    """Every init-phase key the ruleset 4.1.0 requires for cfg.bench.benchmark (plus the recommended seed),
     as (key, value) pairs in the order the reference implementation logs them.
 
-    `eval_samples` is the validation label-token count (the gpt3 reference logs 11,590,004 tokens under this key);
+    gpt3: `eval_samples` is the validation label-token count (the reference logs 11,590,004 tokens under this key);
+    train_samples is logged at run end by the harness. llama2_70b_lora: `eval_samples` and `train_samples` are the
+    validation and training dataset sizes in sequences (reference: 173 and 3901), both logged here.
     `platform` is submission_platform; `dp_size` is the data-parallel degree for gradient_accumulation_steps.
     cache_clear comes first: the harness logs it before init_start, the rest inside the init phase.
     """
-    gbs = cfg.train.global_batch_size
-    o, b = cfg.optim, cfg.bench
+    b = cfg.bench
     if b.benchmark not in BENCHMARK_NAMES:
         raise ValueError(f"bench.benchmark={b.benchmark!r}: must be one of {sorted(BENCHMARK_NAMES)}")
     if not platform:
         raise ValueError("submission_platform must not be empty (the checker rejects '')")
+    if is_lora(cfg):
+        return _lora_hparams(cfg, eval_samples, train_samples, platform, dp_size)
+    gbs = cfg.train.global_batch_size
+    o = cfg.optim
     return [
         (C.CACHE_CLEAR, True),
         (C.SUBMISSION_BENCHMARK, BENCHMARK_NAMES[b.benchmark]),
@@ -126,6 +217,36 @@ def mllog_hparams(cfg: Config, eval_samples: int, platform: str, dp_size: int = 
     ]
 
 
+def _lora_hparams(cfg: Config, eval_samples: int, train_samples: int | None, platform: str,
+                  dp_size: int) -> list[tuple[str, Any]]:
+    # closed_llama2_70b_lora.yaml + closed_common.yaml + common.yaml, in the reference's order (mlcommons/training
+    # llama2_70b_lora/scripts/mlperf_logging_utils.py); max_sequence_length is not required there but states the
+    # fixed 8192 in the log. opt_learning_rate_training_steps is where the cosine ends (reference: max_steps 1024).
+    if train_samples is None:
+        raise ValueError("llama2_70b_lora logs train_samples (the training set size) in the init phase; pass it")
+    gbs, o, lo = cfg.train.global_batch_size, cfg.optim, cfg.lora
+    alpha = int(lo.alpha) if float(lo.alpha).is_integer() else lo.alpha  # 32, as the reference logs it
+    return [
+        (C.CACHE_CLEAR, True),
+        (C.SUBMISSION_BENCHMARK, BENCHMARK_NAMES[cfg.bench.benchmark]),
+        (C.SUBMISSION_ORG, cfg.bench.org),
+        (C.SUBMISSION_DIVISION, cfg.bench.division),
+        (C.SUBMISSION_PLATFORM, platform),
+        (C.GLOBAL_BATCH_SIZE, gbs),
+        (C.MAX_SEQUENCE_LENGTH, cfg.model.seq_len),
+        (C.TRAIN_SAMPLES, int(train_samples)),
+        (C.EVAL_SAMPLES, int(eval_samples)),
+        (C.OPT_BASE_LR, o.lr),
+        (C.OPT_LR_TRAINING_STEPS, o.decay_steps(gbs)),
+        (C.OPT_ADAMW_WEIGHT_DECAY, o.weight_decay),
+        (C.OPT_GRADIENT_CLIP_NORM, o.grad_clip),
+        (C.GRADIENT_ACCUMULATION_STEPS, gradient_accumulation_steps(cfg, dp_size)),
+        (C.LORA_ALPHA, alpha),
+        ("lora_rank", lo.rank),  # mllog 4.1 has no constant for it; closed_llama2_70b_lora.yaml checks == 16
+        (C.SEED, cfg.train.seed),
+    ]
+
+
 def _neq(a: float, b: float) -> bool:
     return not math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
 
@@ -133,8 +254,11 @@ def _neq(a: float, b: float) -> bool:
 def official_rule_violations(cfg: Config) -> list[str]:
     """Closed-division gpt3 rules `cfg` breaks that the compliance checker cannot see; [] when compliant.
 
-    Only cfg.bench.benchmark == "gpt3" has such rules: the proxy scales model, data and target by design.
+    Only the official benchmarks ("gpt3", "llama2_70b_lora") have such rules: proxies scale model, data and target
+    by design.
     """
+    if cfg.bench.benchmark == "llama2_70b_lora":
+        return _lora_violations(cfg)
     if cfg.bench.benchmark != "gpt3":
         return []
     m, o, t = cfg.model, cfg.optim, cfg.train
@@ -183,4 +307,39 @@ def official_rule_violations(cfg: Config) -> list[str]:
          f"train.target_eval_loss={t.target_eval_loss:g}: gpt3 requires {GPT3.TARGET}")
     need(t.eval_interval_samples == GPT3.EVAL_INTERVAL_SAMPLES,
          f"train.eval_interval_samples={t.eval_interval_samples}: gpt3 requires {GPT3.EVAL_INTERVAL_SAMPLES}")
+    return out
+
+
+def _lora_violations(cfg: Config) -> list[str]:
+    m, o, t, lo, L = cfg.model, cfg.optim, cfg.train, cfg.lora, LLAMA2_LORA
+    gbs = t.global_batch_size
+    out: list[str] = []
+
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            out.append(msg)
+
+    need(m.arch == "llama", f"model.arch={m.arch!r}: llama2_70b_lora requires 'llama'")
+    need(m.seq_len == L.SEQ_LEN, f"model.seq_len={m.seq_len}: llama2_70b_lora requires {L.SEQ_LEN}")
+    shape = (m.n_layers, m.d_model, m.n_heads, m.kv_heads, m.ffn_size, m.vocab_size)
+    want = (L.N_LAYERS, L.D_MODEL, L.N_HEADS, L.N_KV_HEADS, L.FFN, L.VOCAB)
+    need(shape == want, f"model n_layers/d_model/n_heads/n_kv_heads/d_ff/vocab_size={'/'.join(map(str, shape))}: "
+                        f"llama2_70b_lora requires {'/'.join(map(str, want))}")
+    need(lo.rank == L.RANK, f"lora.rank={lo.rank}: llama2_70b_lora requires {L.RANK}")
+    need(set(lo.targets) == L.TARGETS, f"lora.targets={list(lo.targets)}: llama2_70b_lora requires "
+                                       f"{sorted(L.TARGETS)} (attention QKV and output)")
+    for field, have, want_v in (("lora.alpha", lo.alpha, L.ALPHA), ("lora.dropout", lo.dropout, L.DROPOUT),
+                                ("optim.weight_decay", o.weight_decay, L.WEIGHT_DECAY),
+                                ("optim.grad_clip", o.grad_clip, L.GRAD_CLIP), ("optim.beta1", o.beta1, L.BETA1),
+                                ("optim.beta2", o.beta2, L.BETA2), ("optim.eps", o.eps, L.EPS),
+                                ("optim.end_lr_ratio", o.end_lr_ratio, L.END_LR_RATIO),
+                                ("train.target_eval_loss", t.target_eval_loss, L.TARGET)):
+        need(not _neq(have, want_v), f"{field}={have:g}: llama2_70b_lora requires {want_v:g}")
+    need(o.checkpoint_samples == 0, f"optim.checkpoint_samples={o.checkpoint_samples}: LoRA fine-tuning starts "
+                                    "its schedule at step 0")
+    need(t.eval_interval_samples == L.EVAL_INTERVAL_SAMPLES,
+         f"train.eval_interval_samples={t.eval_interval_samples}: llama2_70b_lora requires "
+         f"{L.EVAL_INTERVAL_SAMPLES}")
+    need(L.GBS_MIN <= gbs <= L.GBS_MAX, f"train.global_batch_size={gbs}: llama2_70b_lora reference convergence "
+                                        f"points cover {L.GBS_MIN}..{L.GBS_MAX} only")
     return out

@@ -34,6 +34,16 @@ def _options():
     return _OPTIONS
 
 
+def _strict_options(strict: bool):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(strict=strict)
+
+
+def _is_lora_param(name: str) -> bool:
+    from scaletrain.model.lora import is_lora_param
+    return is_lora_param(name)
+
+
 def _dcp_exception() -> type:
     from torch.distributed.checkpoint.api import CheckpointException
     return CheckpointException
@@ -70,6 +80,7 @@ class Checkpointer:
         self.last_time = time.monotonic()
         self._pending = None  # async save in flight: (future, tmp, final, info, my_files)
         self._async_group = None
+        self.lora = getattr(getattr(cfg, "lora", None), "rank", 0) > 0  # adapter-only state (see state_dict)
 
     # ------------------------------------------------------------------ state
     def state_dict(self, parts, optimizers) -> tuple[dict, list[tuple[dict, dict]]]:
@@ -78,6 +89,10 @@ class Checkpointer:
         flat, per_part = {}, []
         for part, opt in zip(parts, optimizers):
             msd = get_model_state_dict(part)
+            if self.lora:
+                # LoRA: the frozen base is rebuilt from its source (seed init / HF import), never saved;
+                # only the adapters (and, through the optimizer, their moments) are.
+                msd = {k: v for k, v in msd.items() if _is_lora_param(k)}
             osd = get_optimizer_state_dict(part, opt, options=_options())
             flat.update({f"model.{k}": v for k, v in msd.items()})
             flat.update({f"optim.{k}": v for k, v in osd.items()})
@@ -241,7 +256,7 @@ class Checkpointer:
         except (Exception, _dcp_exception()) as exc:  # DCP wraps per-rank failures: name the checkpoint
             raise CheckpointError(f"{path}: load failed: {_cause(exc)}") from None
         for part, opt, (msd, osd) in zip(parts, optimizers, per_part):
-            set_model_state_dict(part, msd)
+            set_model_state_dict(part, msd, options=_strict_options(not self.lora))
             set_optimizer_state_dict(part, opt, osd, options=_options())
         rng_file = path / f"rng_rank{_rank()}.pt"
         if rng_file.is_file():  # absent when resuming on more ranks than saved: training draws no random numbers
@@ -275,18 +290,26 @@ def trainer_state(step: int, cfg, layout, harness: dict | None) -> dict:
 
 
 def load_full_model(path: Path, verify_mode: str = "sha256"):
-    """(Config, plain GPT with the checkpoint's weights) in this process, whatever layout saved it."""
+    """(Config, plain model (GPT or Llama) with the checkpoint's weights) in this process, whatever layout saved it."""
     import json
 
     import torch.distributed.checkpoint as dcp
 
     from scaletrain.config import from_dict
-    from scaletrain.model.gpt import GPT
+    from scaletrain.model.build import build_model
     path = Path(path)
     store.verify(path, verify_mode)
-    cfg = from_dict(json.loads((path / store.TRAINER).read_text())["config"])
-    model = GPT(cfg.model)
-    flat = {f"model.{k}": v for k, v in model.state_dict().items()}
+    info = json.loads((path / store.TRAINER).read_text())
+    cfg = from_dict(info["config"])
+    model = build_model(cfg.model, seed=int(info.get("seed", cfg.train.seed)))
+    if cfg.lora.rank > 0:
+        # An adapter-only checkpoint: the base is the run's seed init (what the trainer froze); the adapters
+        # are loaded below. Callers that want plain weights use model.lora.merge_lora.
+        from scaletrain.model.lora import apply_lora, init_lora
+        apply_lora(model, cfg.lora)
+        init_lora(model, int(info.get("seed", cfg.train.seed)))
+    flat = {f"model.{k}": v for k, v in model.state_dict().items()
+            if cfg.lora.rank <= 0 or _is_lora_param(k)}
     Checkpointer(cfg, path.parent)._check_shapes(path, flat)
     dcp.load(flat, checkpoint_id=str(path), no_dist=True)
     model.tie_weights()

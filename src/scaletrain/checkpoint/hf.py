@@ -82,6 +82,9 @@ def export_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dt
     sibling directory and renamed into place only when complete, so a failed export leaves any previous export
     at `out_dir` untouched. Raises ValueError on a missing, unexpected or wrongly shaped key, or an untied head.
     """
+    if cfg.arch == "llama":  # Hugging Face LlamaForCausalLM instead of GPT-2; same directory protocol
+        from scaletrain.checkpoint.hf_llama import export_llama_hf
+        return export_llama_hf(state_dict, cfg, out_dir, dtype)
     from safetensors import torch as st  # optional dependency: only exporting/importing needs it
 
     if not dtype.is_floating_point:

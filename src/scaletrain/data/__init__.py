@@ -1,7 +1,8 @@
 """Data layer: MMIDIDX datasets, SentencePiece tokenizer, MLPerf gpt3 samples, default Shakespeare corpus.
 
 Modules: indexed (.bin/.idx read/write, DataError), tokenizer, samples (TrainSamples, ValidSamples),
-prepare (raw text -> dataset, checked loading), corpus (default corpus and packaged excerpt).
+prepare (raw text -> dataset, checked loading), corpus (default corpus and packaged excerpt),
+sft (input/output pairs packed for fine-tuning, loss on outputs only), kjv (the SFT proxy set: King James Bible).
 Only DataError is imported here, so `import scaletrain.data` stays cheap (no torch).
 """
 

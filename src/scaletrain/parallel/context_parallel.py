@@ -4,7 +4,8 @@ Each CP rank holds 2 of the 2*cp equal chunks of every sequence in "zigzag" orde
 2*cp-1-r), so every rank does the same amount of causal-attention work. Attention is Llama 3's all-gather
 variant: K/V of the whole sequence are gathered (their gradients reduce-scattered in backward) and each local
 query chunk attends to the key prefix that ends at its own chunk. Everything outside attention is per-token,
-so it runs on the local tokens unchanged; only the position embedding needs the global positions.
+so it runs on the local tokens unchanged; only positions need the global values: GPT's position embedding gets
+them through a forward pre-hook, Llama's rotary embedding asks the attention core (`positions`).
 
 PyTorch's own `torch.distributed.tensor.experimental.context_parallel` (ring attention) does not run on CPU/gloo
 (checked on torch 2.11 and 2.13): it reroutes only the CUDA SDPA kernels (flash, efficient, cudnn); on CPU the call
@@ -68,6 +69,7 @@ class AllGatherCausalAttention(nn.Module):
         # Built here for the model's own length: constructing a CausalBias inside torch.compile breaks the graph.
         c = seq_len // (2 * cp)
         self._masks = {}
+        self._positions: dict[tuple[int, torch.device], torch.Tensor] = {}
         for chunk in self.chunks:
             self._mask(c, (chunk + 1) * c)
 
@@ -78,6 +80,16 @@ class AllGatherCausalAttention(nn.Module):
             from torch.nn.attention.bias import causal_lower_right  # lazy: it imports torch._dynamo (~1.4 s)
             self._masks[(c, end)] = causal_lower_right(c, end)
         return self._masks[(c, end)]
+
+    def positions(self, s_local: int, device: torch.device) -> torch.Tensor:
+        """Global positions of this rank's `s_local` tokens, for models that rotate q/k by position (Llama's RoPE).
+
+        Asked by the attention itself, so a pipeline stage fed only hidden states still gets the zigzag positions.
+        """
+        key = (s_local, device)
+        if key not in self._positions:
+            self._positions[key] = cp_positions(s_local * self.cp, self.cp, self.cp_rank).to(device)
+        return self._positions[key]
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Local attention output [batch, heads, seq/cp, head_dim], rows in this rank's zigzag order."""

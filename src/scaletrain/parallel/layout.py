@@ -42,13 +42,6 @@ class Layout:
     def from_config(cls, cfg: Config, world_size: int) -> "Layout":
         """Resolve cfg.parallel for `world_size` ranks (dp_shard=-1 takes what is left); raises LayoutError."""
         p = cfg.parallel
-        # The simulator already takes Llama and LoRA configs; the trainer builds only the gpt3 decoder so far.
-        if cfg.model.arch != "gpt3":
-            raise ConfigError(f"model.arch={cfg.model.arch!r}: the trainer builds only 'gpt3' models so far "
-                              f"(`scaletrain predict`/`plan` accept {cfg.model.arch!r})")
-        if cfg.lora.rank > 0:
-            raise ConfigError(f"lora.rank={cfg.lora.rank}: LoRA training is not built yet (`scaletrain predict` "
-                              f"accepts it); use lora.rank=0")
         if world_size < 1:
             raise LayoutError(f"world size {world_size}: must be >= 1")
         others = p.dp_replicate * p.tp * p.pp * p.cp
@@ -122,6 +115,9 @@ class Layout:
                        + f" = {product}, but the world size is {self.world_size}")
         if m.n_heads % self.tp:
             out.append(f"parallel.tp={self.tp} does not divide model.n_heads={m.n_heads}")
+        if m.arch == "llama" and m.kv_heads % self.tp:
+            # qkv's tensor-parallel shard must hold whole key/value groups (model/llama.py's row order).
+            out.append(f"parallel.tp={self.tp} does not divide the key/value heads {m.kv_heads} (model.n_kv_heads)")
         if m.ffn_size % self.tp:
             out.append(f"parallel.tp={self.tp} does not divide the MLP width {m.ffn_size}")
         if m.padded_vocab % self.tp:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from scaletrain.config import Config
-from scaletrain.model.gpt import GPT
+from scaletrain.model.build import build_model
 from scaletrain.parallel.activation_checkpoint import apply_activation_checkpoint
 from scaletrain.parallel.data_parallel import apply_ddp, apply_fsdp
 from scaletrain.parallel.layout import Layout
@@ -59,7 +59,7 @@ class ParallelModel:
 def build_meta_parts(cfg: Config, layout: Layout, pp_rank: int) -> tuple[list[nn.Module], list[int]]:
     """The plain (unparallelized) modules of pipeline rank `pp_rank`, on the meta device, and their stage ids."""
     with torch.device("meta"):
-        model = GPT(cfg.model)
+        model = build_model(cfg.model)
     if layout.pp == 1:
         return [model], [0]
     ids = stage_ids(pp_rank, layout.pp, layout.pp_virtual)
@@ -67,9 +67,16 @@ def build_meta_parts(cfg: Config, layout: Layout, pp_rank: int) -> tuple[list[nn
 
 
 def parallelize_part(part: nn.Module, cfg: Config, layout: Layout, mesh) -> None:
-    """Apply TP, CP, activation checkpointing, compile and data parallelism to one part, in that order."""
+    """Apply LoRA, TP, CP, activation checkpointing, compile and data parallelism to one part, in that order."""
+    if cfg.lora.rank > 0:
+        # A structure change, so first (torchtitan's order); freezes every non-adapter parameter.
+        from scaletrain.model.lora import apply_lora
+        apply_lora(part, cfg.lora)
     if mesh is not None and layout.tp > 1:
         apply_tensor_parallel(part, mesh["tp"], layout.sequence_parallel)
+        if cfg.lora.rank > 0:
+            from scaletrain.parallel.lora import shard_lora
+            shard_lora(part, mesh["tp"])
     if mesh is not None and layout.cp > 1:
         from scaletrain.parallel.context_parallel import apply_context_parallel
         apply_context_parallel(part, mesh["cp"])

@@ -42,7 +42,7 @@ def cut_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
     if not last:
         stage_model.ln_f = None
         stage_model.head = None
-    elif not first:
+    elif not first and model.head_is_tied:
         # The head's own copy of the tied matrix (deepcopy kept the tie; cut it before dropping the embedding).
         stage_model.head.weight = nn.Parameter(torch.empty_like(stage_model.embed.tok.weight))
     if not first:
@@ -80,7 +80,8 @@ class TiedEmbeddingSync:
         self.param = None  # this rank's copy of the tied matrix (embedding or head)
         self.copy = None   # the head's copy, which must not count twice in the gradient norm
         self.group = None
-        if pp == 1:
+        # An untied model (Llama) has nothing to share; every rank builds the same model, so all skip alike.
+        if pp == 1 or not getattr(parts[0], "tied_embeddings", True):
             return
         pp_dim = mesh.mesh_dim_names.index("pp")
         ranks = mesh.mesh.movedim(pp_dim, -1).reshape(-1, pp)

@@ -33,7 +33,11 @@ class ReplicateParallel:
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = True) -> None:
-    """Shard `model` (a GPT or a pipeline stage of one) over the 1-D `tp_mesh` in place.
+    """Shard `model` (a GPT or Llama, or a pipeline stage of one) over the 1-D `tp_mesh` in place.
+
+    Llama has the same module names (fused `attn.qkv` in whole KV groups, fused SwiGLU `mlp.fc` with gate and
+    up rows interleaved, see model/llama.py), so one plan fits both: its RMSNorms take the LayerNorms' place
+    and its untied head is column-parallel like the tied one.
 
     Keeps the output layer tied to the embedding when the module holds both. Inputs stay plain tensors:
     token ids replicated, hidden states between pipeline stages as each rank's local sequence shard (SP) or whole.
@@ -49,7 +53,8 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = T
     if model.embed is not None:
         plan["embed.tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=residual,
                                             use_local_output=False)
-        plan["embed.pos"] = ReplicateParallel()
+        if getattr(model.embed, "pos", None) is not None:  # GPT's learned positions; Llama's are rotary
+            plan["embed.pos"] = ReplicateParallel()
         # The sum is already laid out along the residual stream; hand later modules plain local tensors.
         plan["embed"] = PrepareModuleOutput(output_layouts=residual, desired_output_layouts=residual,
                                             use_local_output=True)

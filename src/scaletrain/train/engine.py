@@ -53,10 +53,16 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_datasets(cfg: Config, seed: int) -> Datasets:
-    """Open the train/valid datasets named by cfg.data (or the default corpus), checked against the model's vocab."""
+    """Open the train/valid datasets named by cfg.data (or the default corpus), checked against the model's vocab.
+
+    data.format="sft": packed input/output pairs (default: the KJV proxy set), same sampling interface.
+    """
     from scaletrain.data.corpus import open_data
     from scaletrain.data.samples import TrainSamples, ValidSamples
 
+    if cfg.data.format == "sft":
+        from scaletrain.data.sft import open_sft_datasets
+        return Datasets(*open_sft_datasets(cfg.data, cfg.model.vocab_size, cfg.model.seq_len, seed))
     train, valid, _ = open_data(cfg.data, cfg.model.vocab_size)
     return Datasets(TrainSamples(train, cfg.model.seq_len, seed), ValidSamples(valid, cfg.model.seq_len))
 
@@ -148,7 +154,7 @@ class Trainer:
         step_number = self.step + 1
         if not math.isfinite(loss):
             raise NonFiniteLoss(step_number, loss)
-        params = list(self.pm.parameters())
+        params = [p for p in self.pm.parameters() if p.requires_grad]  # LoRA: the adapters only
         align_grad_placements(params)
         if self.pm.tied is not None:
             self.pm.tied()

@@ -1,0 +1,227 @@
+"""Hugging Face Llama format export and import of scaletrain llama weights (`transformers.LlamaForCausalLM`).
+
+Our Llama is HF's at any size (RMSNorm, rotate_half rotary positions with theta `ROPE_THETA`, GQA, SwiGLU, no
+biases, untied head), so an export is `config.json` + `model.safetensors` that `LlamaForCausalLM.from_pretrained`
+loads with no custom code. Two fused weights are converted (row orders documented in `model/llama.py`):
+
+* `attn.qkv` rows (kv_group, [q_0..q_{r-1}, k, v], head_dim) <-> `q_proj` (n_heads*hd), `k_proj`, `v_proj`
+  (n_kv_heads*hd each). HF's q/k rows are already in rotate_half order (its converter permuted Meta's
+  interleaved pairs), and so are ours: no rotary permutation is needed, only the grouping.
+* `mlp.fc` rows (ffn_index, gate|up) <-> `gate_proj` = rows 0::2, `up_proj` = rows 1::2.
+
+The padded vocabulary rows are kept (HF `vocab_size` = `cfg.padded_vocab`), as in the GPT-2 export, with the
+tokenizer's real size under "scaletrain_vocab_size".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from scaletrain.checkpoint.hf import _fsync, _load_tensors, _vocab_multiple
+from scaletrain.config import ModelConfig
+from scaletrain.model.llama import ROPE_THETA
+
+# Ours -> HF, per block, for the weights that need no conversion.
+_PLAIN = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm", "attn.proj": "self_attn.o_proj",
+          "mlp.proj": "mlp.down_proj"}
+
+
+def split_qkv(w: torch.Tensor, n_heads: int, n_kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Our fused qkv weight [(kv, r+2, hd), d] -> HF (q_proj [n_heads*hd, d], k_proj, v_proj [n_kv*hd, d])."""
+    r = n_heads // n_kv
+    g = w.reshape(n_kv, r + 2, -1, w.shape[-1])
+    return (g[:, :r].reshape(-1, w.shape[-1]), g[:, r].reshape(-1, w.shape[-1]),
+            g[:, r + 1].reshape(-1, w.shape[-1]))
+
+
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_kv: int) -> torch.Tensor:
+    """Inverse of `split_qkv`: HF q/k/v projections -> our grouped fused qkv weight."""
+    d = q.shape[-1]
+    g = torch.cat([q.reshape(n_kv, -1, k.shape[0] // n_kv, d), k.reshape(n_kv, 1, -1, d),
+                   v.reshape(n_kv, 1, -1, d)], dim=1)
+    return g.reshape(-1, d)
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every key of a full scaletrain llama state dict and its shape."""
+    d, f, v = cfg.d_model, cfg.ffn_size, cfg.padded_vocab
+    hd = d // cfg.n_heads
+    shapes = {"embed.tok.weight": (v, d), "ln_f.weight": (d,), "head.weight": (v, d)}
+    for i in range(cfg.n_layers):
+        p = f"blocks.{i}."
+        shapes.update({p + "ln1.weight": (d,), p + "ln2.weight": (d,),
+                       p + "attn.qkv.weight": ((cfg.n_heads + 2 * cfg.kv_heads) * hd, d),
+                       p + "attn.proj.weight": (d, d),
+                       p + "mlp.fc.weight": (2 * f, d), p + "mlp.proj.weight": (d, f)})
+    return shapes
+
+
+def _hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.padded_vocab,
+            "hidden_size": cfg.d_model, "intermediate_size": cfg.ffn_size, "num_hidden_layers": cfg.n_layers,
+            "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.kv_heads,
+            "head_dim": cfg.d_model // cfg.n_heads, "max_position_embeddings": cfg.seq_len,
+            "rms_norm_eps": cfg.ln_eps, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+            "attention_dropout": 0.0, "tie_word_embeddings": False, "initializer_range": cfg.init_std,
+            # transformers 4.x reads rope_theta/rope_scaling, 5.x rope_parameters; write both.
+            "rope_theta": ROPE_THETA, "rope_scaling": None,
+            "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+            "bos_token_id": None, "eos_token_id": None, "pad_token_id": None, "use_cache": True,
+            "dtype": str(dtype).removeprefix("torch."),
+            "scaletrain_vocab_size": cfg.vocab_size, "scaletrain_vocab_multiple": cfg.vocab_multiple}
+
+
+def _publish(out_dir: Path, config: dict, tensors: dict[str, torch.Tensor]) -> Path:
+    """Write config.json + model.safetensors into `out_dir` atomically (same protocol as hf.export_hf)."""
+    from safetensors import torch as st
+    if out_dir.exists() and not (out_dir.is_dir() and ((out_dir / "config.json").is_file()
+                                                       or not any(out_dir.iterdir()))):
+        raise FileExistsError(f"export_llama_hf: {out_dir} exists and is not an HF export; refusing to replace it")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        st.save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        for name in ("config.json", "model.safetensors"):
+            _fsync(tmp / name)
+        _fsync(tmp)
+        old = tmp.with_name(tmp.name.replace(".tmp-", ".old-"))
+        if out_dir.exists():  # rename() cannot replace a non-empty directory: move the old one aside first
+            os.replace(out_dir, old)
+        try:
+            os.replace(tmp, out_dir)
+        except BaseException:
+            if old.exists():
+                os.replace(old, out_dir)
+            raise
+        _fsync(out_dir.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def export_llama_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dtype=torch.float32) -> Path:
+    """Write a full (unsharded) scaletrain llama state dict as a Hugging Face Llama directory; returns its path.
+
+    Tensors are cast to `dtype`. The directory is built beside `out_dir` and renamed into place when complete.
+    Raises ValueError on a missing, unexpected or wrongly shaped key.
+    """
+    if not dtype.is_floating_point:
+        raise ValueError(f"export_llama_hf: dtype={dtype} is not a floating-point dtype")
+    expected = expected_shapes(cfg)
+    sd = dict(state_dict)
+    missing, unexpected = sorted(expected.keys() - sd.keys()), sorted(sd.keys() - expected.keys())
+    if missing or unexpected:
+        raise ValueError(f"export_llama_hf: state dict does not match the config: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    for key, shape in expected.items():
+        if tuple(sd[key].shape) != shape:
+            raise ValueError(f"export_llama_hf: {key} has shape {tuple(sd[key].shape)}, config expects {shape}")
+    out: dict[str, torch.Tensor] = {}
+
+    def put(name: str, t: torch.Tensor) -> None:
+        # clone: safetensors refuses tensors that share storage (slices of one fused weight do).
+        out[name] = t.detach().to(device="cpu", dtype=dtype).contiguous().clone()
+
+    put("model.embed_tokens.weight", sd["embed.tok.weight"])
+    for i in range(cfg.n_layers):
+        ours, hf = f"blocks.{i}.", f"model.layers.{i}."
+        for a, b in _PLAIN.items():
+            put(f"{hf}{b}.weight", sd[f"{ours}{a}.weight"])
+        q, k, v = split_qkv(sd[ours + "attn.qkv.weight"], cfg.n_heads, cfg.kv_heads)
+        put(hf + "self_attn.q_proj.weight", q)
+        put(hf + "self_attn.k_proj.weight", k)
+        put(hf + "self_attn.v_proj.weight", v)
+        fc = sd[ours + "mlp.fc.weight"]
+        put(hf + "mlp.gate_proj.weight", fc[0::2])
+        put(hf + "mlp.up_proj.weight", fc[1::2])
+    put("model.norm.weight", sd["ln_f.weight"])
+    put("lm_head.weight", sd["head.weight"])
+    return _publish(Path(out_dir), _hf_config(cfg, dtype), out)
+
+
+def _rope_theta(hf: dict) -> tuple[float, str | None]:
+    params = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or {}
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type")
+    return theta, None if kind in (None, "default") else kind
+
+
+def import_llama_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Read a Hugging Face Llama directory into (ModelConfig, scaletrain llama state dict).
+
+    Tensors keep their stored dtype. A tied HF head (tie_word_embeddings) becomes an untied copy. Raises
+    FileNotFoundError for missing files and ValueError for anything our Llama cannot represent exactly
+    (biases, rotary scaling or another theta, a head_dim other than hidden/heads, another activation).
+    """
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{cfg_file}: no such file")
+    hf = json.loads(cfg_file.read_text())
+    try:
+        rows, d, f = int(hf["vocab_size"]), int(hf["hidden_size"]), int(hf["intermediate_size"])
+        n_layers, n_heads = int(hf["num_hidden_layers"]), int(hf["num_attention_heads"])
+    except KeyError as e:
+        raise ValueError(f"{cfg_file}: missing {e.args[0]!r}") from None
+    n_kv = int(hf.get("num_key_value_heads") or n_heads)
+    theta, scaling = _rope_theta(hf)
+    checks = [(hf.get("model_type") == "llama", f"model_type={hf.get('model_type')!r} (need 'llama')"),
+              (hf.get("hidden_act", "silu") == "silu", f"hidden_act={hf.get('hidden_act')!r} (need 'silu')"),
+              (not hf.get("attention_bias") and not hf.get("mlp_bias"), "attention_bias/mlp_bias (need none)"),
+              (theta == ROPE_THETA and scaling is None, f"rotary theta {theta}, scaling {scaling!r} "
+                                                        f"(need theta {ROPE_THETA}, no scaling)"),
+              (d % n_heads == 0 and int(hf.get("head_dim") or d // n_heads) == d // n_heads,
+               f"head_dim={hf.get('head_dim')} (need hidden_size/num_attention_heads)"),
+              (n_heads % n_kv == 0, f"num_key_value_heads={n_kv} does not divide num_attention_heads={n_heads}")]
+    for ok, what in checks:
+        if not ok:
+            raise ValueError(f"{cfg_file}: {what} is not supported")
+    vocab = int(hf.get("scaletrain_vocab_size", rows))
+    cfg = ModelConfig(arch="llama", n_layers=n_layers, d_model=d, n_heads=n_heads, n_kv_heads=n_kv, d_ff=f,
+                      seq_len=int(hf.get("max_position_embeddings", 2048)), vocab_size=vocab,
+                      vocab_multiple=_vocab_multiple(vocab, rows, hf.get("scaletrain_vocab_multiple")),
+                      ln_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                      init_std=float(hf.get("initializer_range", 0.02)))
+    source, tensors = _load_tensors(path)
+    tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}  # old saves carry it
+    if "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    shapes = expected_shapes(cfg)
+
+    def take(key: str) -> torch.Tensor:
+        if key not in tensors:
+            raise ValueError(f"{source}: missing tensor {key!r}")
+        return tensors.pop(key)
+
+    sd = {"embed.tok.weight": take("model.embed_tokens.weight")}
+    for i in range(n_layers):
+        ours, hf_p = f"blocks.{i}.", f"model.layers.{i}."
+        for a, b in _PLAIN.items():
+            sd[f"{ours}{a}.weight"] = take(f"{hf_p}{b}.weight")
+        q, k, v = (take(f"{hf_p}self_attn.{n}_proj.weight") for n in "qkv")
+        if k.shape != v.shape or q.shape[0] != n_heads * (k.shape[0] // n_kv):
+            raise ValueError(f"{source}: layer {i} q/k/v shapes {tuple(q.shape)}/{tuple(k.shape)}/{tuple(v.shape)} "
+                             f"do not fit {n_heads} heads, {n_kv} kv heads")
+        sd[ours + "attn.qkv.weight"] = fuse_qkv(q, k, v, n_kv)
+        gate, up = take(f"{hf_p}mlp.gate_proj.weight"), take(f"{hf_p}mlp.up_proj.weight")
+        if gate.shape != up.shape:
+            raise ValueError(f"{source}: layer {i} gate/up shapes differ: {tuple(gate.shape)} vs {tuple(up.shape)}")
+        sd[ours + "mlp.fc.weight"] = torch.stack([gate, up], dim=1).reshape(-1, gate.shape[-1])
+    sd["ln_f.weight"] = take("model.norm.weight")
+    sd["head.weight"] = take("lm_head.weight")
+    if tensors:
+        raise ValueError(f"{source}: unexpected tensors {sorted(tensors)[:5]}")
+    for key, shape in shapes.items():
+        if tuple(sd[key].shape) != shape:
+            raise ValueError(f"{source}: {key} has shape {tuple(sd[key].shape)}, config.json implies {shape}")
+    return cfg, {k: v.contiguous() for k, v in sd.items()}
