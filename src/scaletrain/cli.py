@@ -93,6 +93,10 @@ def cmd_bench(args) -> int:
     _apply_resume(cfg, args)
     if args.runs:
         cfg.bench.runs = args.runs
+    if cfg.bench.benchmark == "llama2_70b_lora-proxy" and not cfg.checkpoint.init_from:
+        from scaletrain.bench.proxy_base import ensure_proxy_base
+        from scaletrain.train.run import default_console
+        cfg.checkpoint.init_from = ensure_proxy_base(cfg, default_console())
     summary = bench(cfg, Path(args.out))
     return 0 if summary.get("converged_all") and summary.get("compliant_all", True) else 1
 

@@ -204,6 +204,9 @@ class CheckpointConfig:
     """"none", "auto" (newest complete checkpoint in dir, if any) or a checkpoint directory."""
     verify: str = "sha256"
     """Check before loading: "sha256" (every file's hash) or "size" (presence and sizes; for huge checkpoints)."""
+    init_from: str = ""
+    """Start weights (untimed init): a scaletrain checkpoint or run directory, or a Hugging Face directory; the
+    frozen base of a LoRA run. Empty: the seed's random init."""
 
 
 @dataclass

@@ -303,9 +303,12 @@ def load_full_model(path: Path, verify_mode: str = "sha256"):
     cfg = from_dict(info["config"])
     model = build_model(cfg.model, seed=int(info.get("seed", cfg.train.seed)))
     if cfg.lora.rank > 0:
-        # An adapter-only checkpoint: the base is the run's seed init (what the trainer froze); the adapters
+        # An adapter-only checkpoint: the base is checkpoint.init_from or else the seed init (what the trainer froze); the adapters
         # are loaded below. Callers that want plain weights use model.lora.merge_lora.
         from scaletrain.model.lora import apply_lora, init_lora
+        if cfg.checkpoint.init_from:
+            from scaletrain.checkpoint.base import read_base_state
+            model.load_state_dict(read_base_state(cfg.checkpoint.init_from)[1], strict=False)
         apply_lora(model, cfg.lora)
         init_lora(model, int(info.get("seed", cfg.train.seed)))
     flat = {f"model.{k}": v for k, v in model.state_dict().items()

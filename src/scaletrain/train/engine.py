@@ -83,7 +83,10 @@ class Trainer:
         self.accum = self.global_batch_size // self.layout.dp // self.micro_batch_size
         self.data = datasets if datasets is not None else load_datasets(cfg, self.seed)
         self.eval_tokens = int(self.data.valid.num_label_tokens)
-        self.flops_per_token = flops_per_token(cfg.model)
+        self.flops_per_token = flops_per_token(cfg.model, lora_rank=cfg.lora.rank, lora_targets=tuple(cfg.lora.targets))
+        # llama2_70b_lora logs the dataset sizes in sequences (GovReport: 3901 train, 173 eval).
+        self.train_samples = int(getattr(self.data.train, "num_samples", 0))
+        self.eval_samples = int(getattr(self.data.valid, "num_sequences", 0))
         self.peak = peak_tflops(self.device)
         self.mesh = None
         self.pm = None
@@ -131,6 +134,10 @@ class Trainer:
         with torch.no_grad():
             for part in self.pm.parts:
                 part.init_weights(self.seed)
+        if self.cfg.checkpoint.init_from:
+            self._load_init_weights()
+        # Adapter dropout draws from the global generator: a function of the seed, not of the process.
+        torch.manual_seed(self.seed * 1000 + self.rank)
         self.optimizers = self._build_optimizers()
         self.step = 0
         if self.resume_path is not None:
@@ -220,6 +227,14 @@ class Trainer:
         from scaletrain.checkpoint.checkpointer import trainer_state
         self.checkpointer.save(self.step, self.pm.parts, self.optimizers,
                                trainer_state(self.step, self.cfg, self.layout, harness_state))
+
+    def _load_init_weights(self) -> None:
+        from scaletrain.checkpoint.base import check_compatible, load_base_weights, read_base_state
+        where = self.cfg.checkpoint.init_from
+        saved, state = read_base_state(where)
+        check_compatible(self.cfg.model, saved, where)
+        with torch.no_grad():
+            load_base_weights(self.pm.parts, state)
 
     def _build_optimizers(self) -> list:
         return [build_optimizer(part.parameters(), self.cfg.optim, self.device.type) for part in self.pm.parts]
