@@ -139,6 +139,11 @@ def cmd_data_prepare(args) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         model = train_tokenizer(args.inputs, str(out.parent / "tokenizer"), args.vocab_size)
         tokenizer = Tokenizer(model)
+    if args.sft:
+        from scaletrain.data.sft import prepare_sft
+        meta = prepare_sft(args.inputs, args.out, tokenizer, args.input_field, args.output_field)
+        print(f"{args.out}: SFT pairs, " + ", ".join(f"{k} {v}" for k, v in meta.items() if isinstance(v, int)))
+        return 0
     meta = prepare_dataset(args.inputs, args.out, tokenizer)
     print(f"{args.out}: {meta['num_documents']} documents, {meta['num_tokens']} tokens, "
           f"vocab {meta['vocab_size']}")
@@ -209,6 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--out", required=True, help="output prefix (writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json)")
     f.add_argument("--tokenizer", help="existing SentencePiece .model; without it one is trained")
     f.add_argument("--vocab-size", type=int, default=8192, help="vocabulary when training a tokenizer")
+    f.add_argument("--sft", action="store_true",
+                   help="input/output pairs (JSONL or parquet; GovReport's report/summary accepted) for data.format=sft")
+    f.add_argument("--input-field", help="--sft: field holding the input (default input, or report)")
+    f.add_argument("--output-field", help="--sft: field holding the output (default output, or summary)")
     f.set_defaults(func=cmd_data_prepare)
 
     p = sub.add_parser("report", help="draw loss.png for a run directory", description=cmd_report.__doc__)

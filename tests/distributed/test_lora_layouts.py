@@ -1,4 +1,4 @@
-"""LoRA trains identically on FSDP and TP (with and without SP) as in one process: losses and gradient norms.
+"""LoRA trains identically on FSDP, TP (with and without SP) and CP as in one process: losses and gradient norms.
 
 Adapters on all four projections (column- and row-parallel bases), fp32, dropout 0 so the runs are
 deterministic; B starts at 0, so from step 2 on both A and B learn and every adapter placement is exercised.
@@ -65,6 +65,7 @@ LAYOUTS = {
     "fsdp": ["parallel.dp_shard=2"],
     "tp_sp": ["parallel.tp=2"],
     "tp_no_sp": ["parallel.tp=2", "parallel.sequence_parallel=false"],
+    "cp": ["parallel.cp=2"],
 }
 
 
