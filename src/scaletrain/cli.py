@@ -12,6 +12,9 @@ from pathlib import Path
 from scaletrain.config import ConfigError, describe, list_presets, resolve
 
 DEFAULT_PRESET = "gpt3-proxy"
+# `bench --benchmark NAME` without --preset runs that benchmark's preset.
+BENCHMARK_PRESETS = {"gpt3": "gpt3-175b", "gpt3-proxy": "gpt3-proxy", "llama2_70b_lora": "llama2-70b-lora",
+                     "llama2_70b_lora-proxy": "llama2-70b-lora-proxy"}
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -32,7 +35,7 @@ def _apply_resume(cfg, args) -> None:
 
 
 def cmd_export(args) -> int:
-    """Export a checkpoint's weights as a Hugging Face GPT-2 directory (config.json + model.safetensors)."""
+    """Export a checkpoint's weights (LoRA adapters merged) as a Hugging Face GPT-2 or Llama directory."""
     from scaletrain.checkpoint.checkpointer import load_full_model
     from scaletrain.checkpoint.hf import export_hf
     from scaletrain.checkpoint.store import complete_checkpoints
@@ -51,7 +54,8 @@ def cmd_export(args) -> int:
         out = export_hf(model.state_dict(), cfg.model, args.hf)
     except (ValueError, FileExistsError) as exc:
         raise CheckpointError(str(exc)) from None
-    print(f"{path} -> {out} (load with transformers.GPT2LMHeadModel.from_pretrained)")
+    hf_class = "LlamaForCausalLM" if cfg.model.arch == "llama" else "GPT2LMHeadModel"
+    print(f"{path} -> {out} (load with transformers.{hf_class}.from_pretrained)")
     return 0
 
 
@@ -89,6 +93,12 @@ def _dry_run(cfg, args) -> int:
 def cmd_bench(args) -> int:
     """N MLPerf-style runs with distinct seeds, each log checked, olympic score, summary.json."""
     from scaletrain.train.run import bench
+    if args.benchmark:
+        if args.benchmark not in BENCHMARK_PRESETS:
+            raise ConfigError(f"--benchmark {args.benchmark}: must be one of {', '.join(BENCHMARK_PRESETS)}")
+        if args.preset == DEFAULT_PRESET:
+            args.preset = BENCHMARK_PRESETS[args.benchmark]
+        args.overrides = [f"bench.benchmark={args.benchmark}", *args.overrides]
     cfg = _config(args)
     _apply_resume(cfg, args)
     if args.runs:
@@ -190,11 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
                        description=cmd_bench.__doc__)
     _add_config_args(p)
     p.add_argument("--runs", type=int, default=0, help="number of runs (default: bench.runs)")
+    p.add_argument("--benchmark", help="gpt3, gpt3-proxy, llama2_70b_lora or llama2_70b_lora-proxy; without --preset "
+                   "it also picks that benchmark's preset")
     p.add_argument("--out", default="runs/bench", help="output directory (default runs/bench)")
     p.add_argument("--resume", help="auto: keep finished runs, resume the interrupted one from its checkpoint")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("export", help="export checkpoint weights to Hugging Face GPT-2 format",
+    p = sub.add_parser("export", help="export checkpoint weights (LoRA merged) to Hugging Face GPT-2 or Llama format",
                        description=cmd_export.__doc__)
     p.add_argument("checkpoint", help="a checkpoint directory (step_N), a checkpoints/ folder or a run directory")
     p.add_argument("--hf", required=True, metavar="DIR", help="output directory (replaced atomically)")

@@ -32,8 +32,7 @@ class ConfigError(ValueError):
 class ModelConfig:
     arch: str = "gpt3"
     """Architecture family: "gpt3" (GPT-2/GPT-3 decoder: learned positions, pre-LN, tanh GELU, tied embeddings) or
-    "llama" (RMSNorm, SwiGLU, rotary positions, grouped-query attention, untied head; simulator only until the
-    Llama model lands)."""
+    "llama" (Llama 2: RMSNorm, SwiGLU, rotary positions, grouped-query attention, untied head)."""
     n_layers: int = 4
     """Number of transformer blocks."""
     d_model: int = 256

@@ -92,3 +92,13 @@ def test_every_command_has_help(capsys):
             main([*cmd, "--help"])
         assert info.value.code == 0
         assert "usage: scaletrain" in capsys.readouterr().out
+
+
+def test_bench_benchmark_flag(capsys, tmp_path):
+    code, err = run_cli(capsys, "bench", "--benchmark", "nope")
+    assert code == 2 and err.count("\n") == 0 and "llama2_70b_lora" in err
+    # llama2_70b_lora picks its preset (SFT data): the missing GovReport-style data is named, nothing runs.
+    code, err = run_cli(capsys, "bench", "--benchmark", "llama2_70b_lora", "--out", str(tmp_path / "b"),
+                        "--set", f"data.train_prefix={tmp_path / 'gov'}", "--set", f"data.valid_prefix={tmp_path / 'v'}",
+                        "--set", f"data.tokenizer={tmp_path / 't.model'}")
+    assert code == 2 and ("gov" in err or "t.model" in err), err

@@ -16,7 +16,6 @@ token embedding in both models, so only `transformer.wte.weight` is written and 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -127,17 +126,24 @@ def export_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dt
     put("transformer.ln_f.weight", sd["ln_f.weight"])
     put("transformer.ln_f.bias", sd["ln_f.bias"])
 
-    out_dir = Path(out_dir)
-    # Replacing means deleting: only ever delete an empty directory or one that looks like an earlier export.
+    return publish_hf_dir(Path(out_dir), _hf_config(cfg, dtype), out, "export_hf")
+
+
+def publish_hf_dir(out_dir: Path, config: dict, tensors: dict[str, torch.Tensor], who: str) -> Path:
+    """Write config.json + model.safetensors into `out_dir` atomically: a temp dir swapped in by rename.
+
+    Replacing means deleting: only ever replace an empty directory or one that looks like an earlier export.
+    """
+    from safetensors import torch as st
     if out_dir.exists() and not (out_dir.is_dir() and ((out_dir / "config.json").is_file()
                                                        or not any(out_dir.iterdir()))):
-        raise FileExistsError(f"export_hf: {out_dir} exists and is not an HF export; refusing to replace it")
+        raise FileExistsError(f"{who}: {out_dir} exists and is not an HF export; refusing to replace it")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        (tmp / "config.json").write_text(json.dumps(_hf_config(cfg, dtype), indent=2, sort_keys=True) + "\n")
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         # transformers 4.x refuses safetensors files without a "format" entry in their metadata.
-        st.save_file(out, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        st.save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         for name in ("config.json", "model.safetensors"):
             _fsync(tmp / name)
         _fsync(tmp)

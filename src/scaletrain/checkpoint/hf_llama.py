@@ -16,14 +16,11 @@ tokenizer's real size under "scaletrain_vocab_size".
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
-from scaletrain.checkpoint.hf import _fsync, _load_tensors, _vocab_multiple
+from scaletrain.checkpoint.hf import _load_tensors, _vocab_multiple, publish_hf_dir
 from scaletrain.config import ModelConfig
 from scaletrain.model.llama import ROPE_THETA
 
@@ -77,37 +74,6 @@ def _hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
             "scaletrain_vocab_size": cfg.vocab_size, "scaletrain_vocab_multiple": cfg.vocab_multiple}
 
 
-def _publish(out_dir: Path, config: dict, tensors: dict[str, torch.Tensor]) -> Path:
-    """Write config.json + model.safetensors into `out_dir` atomically (same protocol as hf.export_hf)."""
-    from safetensors import torch as st
-    if out_dir.exists() and not (out_dir.is_dir() and ((out_dir / "config.json").is_file()
-                                                       or not any(out_dir.iterdir()))):
-        raise FileExistsError(f"export_llama_hf: {out_dir} exists and is not an HF export; refusing to replace it")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        st.save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        for name in ("config.json", "model.safetensors"):
-            _fsync(tmp / name)
-        _fsync(tmp)
-        old = tmp.with_name(tmp.name.replace(".tmp-", ".old-"))
-        if out_dir.exists():  # rename() cannot replace a non-empty directory: move the old one aside first
-            os.replace(out_dir, old)
-        try:
-            os.replace(tmp, out_dir)
-        except BaseException:
-            if old.exists():
-                os.replace(old, out_dir)
-            raise
-        _fsync(out_dir.parent)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out_dir
-
-
 def export_llama_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dtype=torch.float32) -> Path:
     """Write a full (unsharded) scaletrain llama state dict as a Hugging Face Llama directory; returns its path.
 
@@ -145,7 +111,7 @@ def export_llama_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_d
         put(hf + "mlp.up_proj.weight", fc[1::2])
     put("model.norm.weight", sd["ln_f.weight"])
     put("lm_head.weight", sd["head.weight"])
-    return _publish(Path(out_dir), _hf_config(cfg, dtype), out)
+    return publish_hf_dir(Path(out_dir), _hf_config(cfg, dtype), out, "export_llama_hf")
 
 
 def _rope_theta(hf: dict) -> tuple[float, str | None]:
