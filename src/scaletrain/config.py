@@ -159,6 +159,10 @@ class TrainConfig:
     """"auto" (CUDA if available, else CPU), "cpu" or "cuda"."""
     compile: bool = False
     """Wrap each block in torch.compile."""
+    fp8: bool = False
+    """FP8 GEMMs for the transformer-block linears (Hopper+; emulated elsewhere); first and last blocks, embedding and head stay bf16"""
+    fp8_recipe: str = "current"
+    """FP8 scaling: "current" (per-tensor amax of this step) or "delayed" (amax history, Transformer Engine style)"""
     progress: bool = True
     """Show a rich progress bar on an interactive terminal."""
 
@@ -297,6 +301,12 @@ def _problems(c: Config):
                f"train.micro_batch_size={t.micro_batch_size}")
     if t.dtype not in ("bf16", "fp32"):
         yield f"train.dtype={t.dtype!r}: must be 'bf16' or 'fp32'"
+    if t.fp8_recipe not in ("current", "delayed"):
+        yield f"train.fp8_recipe={t.fp8_recipe!r}: must be 'current' or 'delayed'"
+    if t.fp8 and t.dtype != "bf16":
+        yield f"train.fp8 needs train.dtype='bf16' (got {t.dtype!r}): the FP8 GEMMs produce bf16"
+    if t.fp8 and c.parallel.tp > 1:
+        yield "train.fp8 with parallel.tp > 1 is not supported yet"
     if t.device not in ("auto", "cpu", "cuda"):
         yield f"train.device={t.device!r}: must be 'auto', 'cpu' or 'cuda'"
     if c.data.format not in ("pretrain", "sft"):

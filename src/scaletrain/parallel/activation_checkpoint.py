@@ -25,6 +25,8 @@ def _selective_policy():
             ops._scaled_dot_product_flash_attention_for_cpu.default}
     if hasattr(ops, "_scaled_dot_product_cudnn_attention"):
         save.add(ops._scaled_dot_product_cudnn_attention.default)
+    if hasattr(ops, "_scaled_mm"):  # FP8 GEMMs (model/fp8.py) are matmuls too
+        save.add(ops._scaled_mm.default)
 
     def policy(ctx, op, *args, **kwargs):
         return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
@@ -38,7 +40,8 @@ def apply_activation_checkpoint(model: nn.Module, mode: str) -> None:
     if mode == "none":
         return
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-    kwargs: dict = {"preserve_rng_state": False}  # no dropout in the gpt3 model: nothing random to replay
+    # LoRA's adapter dropout must draw the same mask when a block is recomputed.
+    kwargs: dict = {"preserve_rng_state": True}
     if mode == "selective":
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
         kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _selective_policy())

@@ -67,7 +67,7 @@ def build_meta_parts(cfg: Config, layout: Layout, pp_rank: int) -> tuple[list[nn
 
 
 def parallelize_part(part: nn.Module, cfg: Config, layout: Layout, mesh) -> None:
-    """Apply LoRA, TP, CP, activation checkpointing, compile and data parallelism to one part, in that order."""
+    """Apply LoRA, TP, CP, FP8, activation checkpointing, compile and data parallelism to one part, in that order."""
     if cfg.lora.rank > 0:
         # A structure change, so first (torchtitan's order); freezes every non-adapter parameter.
         from scaletrain.model.lora import apply_lora
@@ -80,6 +80,10 @@ def parallelize_part(part: nn.Module, cfg: Config, layout: Layout, mesh) -> None
     if mesh is not None and layout.cp > 1:
         from scaletrain.parallel.context_parallel import apply_context_parallel
         apply_context_parallel(part, mesh["cp"])
+    if cfg.train.fp8:
+        # A module-class swap on the plain (or LoRA) linears: before AC/compile/FSDP wrap them, like LoRA.
+        from scaletrain.model.fp8 import Float8Recipe, convert_to_float8
+        convert_to_float8(part, Float8Recipe(scaling=cfg.train.fp8_recipe))
     apply_activation_checkpoint(part, cfg.parallel.activation_checkpoint)
     if cfg.train.compile:
         for name, block in list(part.blocks.items()):
