@@ -172,10 +172,13 @@ def _score_dict(s) -> dict:
 
 
 def cmd_calibrate(args) -> int:
-    """Fit the efficiency scalars: on published results (--published, default the calibration rows) or on
-    scaletrain's own measured runs (RUN_DIR...), and write them where predictions pick them up."""
+    """Fit the efficiency scalars: on published results (--published, default the calibration rows), on
+    scaletrain's own measured runs (RUN_DIR...), or on one GPU's per-layer timings (--layer-timings, also giving
+    a catalog override with the measured GEMM curve), and write them where predictions pick them up."""
     cat = load_catalog(args.catalog)
-    if args.run_dirs:
+    if getattr(args, "layer_timings", None):
+        doc = _calibrate_layer_timings(args, cat)
+    elif args.run_dirs:
         sets = _calibrate_runs(args.run_dirs, args.gpu, args.calibration, cat)
         doc = {"sets": sets}
     else:
@@ -198,6 +201,31 @@ def cmd_calibrate(args) -> int:
     else:
         print(text)
     return 0
+
+
+def _calibrate_layer_timings(args, cat) -> dict:
+    """--layer-timings: measured GEMM curve and ceilings -> catalog override TOML; gemm_eff (and the per-step
+    overhead) -> the efficiency set "measured/<generation>"."""
+    from scaletrain.sim.efficiency import GENERATION
+    doc = json.loads(Path(args.layer_timings).read_text())
+    key = args.gpu or doc.get("layer_timings", doc).get("gpu")
+    base = efficiency_for(args.calibration, cat.gpu(key).key)[1] if key else None
+    fit = cal.fit_layer_timings(doc, cat, args.gpu, base)
+    rep, eff = fit["report"], fit["efficiency"]
+    for b in rep["blocks"]:
+        print(f"block {b['model']} {' '.join(b['set'])} mbs{b['mbs']}{' fp8' if b['fp8'] else ''}: measured "
+              f"{1000 * b['measured_s']:.2f} ms, shipped model {1000 * b['shipped_s']:.2f} ms, "
+              f"fitted {1000 * b['fitted_s']:.2f} ms")
+    print(f"measured/{GENERATION.get(fit['gpu'], fit['gpu'])}: gemm_eff {eff.gemm_eff:.3f}, step_overhead_s "
+          f"{eff.step_overhead_s:.4f}; catalog fields {', '.join(fit['catalog']) or 'none'}")
+    toml = cal.catalog_toml(fit["gpu"], fit["catalog"], Path(args.layer_timings).name)
+    cat_out = args.catalog_out or (str(Path(args.out).with_suffix(".toml")) if args.out else None)
+    if cat_out:
+        Path(cat_out).write_text(toml)
+        print(f"wrote {cat_out}; use it with --catalog {cat_out} (or SCALETRAIN_CATALOG={cat_out})")
+    else:
+        print(toml)
+    return {"sets": {f"measured/{GENERATION.get(fit['gpu'], fit['gpu'])}": eff.to_dict()}, "layer_timings": rep}
 
 
 def _calibrate_runs(run_dirs: list[str], gpu: str | None, base: str | None, cat) -> dict:
@@ -312,6 +340,16 @@ def add_parsers(sub) -> None:
     c.add_argument("--calibration", help="set whose other scalars runs start from (default newest)")
     c.add_argument("--catalog", action="append", default=[], metavar="TOML")
     c.add_argument("--out", help="write the fitted sets here (JSON; point $SCALETRAIN_EFFICIENCY at it)")
+    c.add_argument("--layer-timings", metavar="JSON",
+                   help="fit one GPU to per-layer timings from benchmarks/gpu_mfu.py (its gpu_mfu.json or "
+                        "*.layer_timings.json): the measured GEMMs become gemm_curve_bf16/gemm_curve_fp8 "
+                        "[[GFLOP, TFLOP/s], ...], with the GEMM, attention and copy ceilings, in a catalog "
+                        "override TOML (--catalog-out); gemm_eff fitted to the measured blocks and the per-step "
+                        "overhead to the measured single-GPU steps go to the efficiency set measured/<generation> "
+                        "(--out). Predict with both: --catalog TOML --calibration measured, "
+                        "SCALETRAIN_EFFICIENCY=JSON")
+    c.add_argument("--catalog-out", metavar="TOML",
+                   help="with --layer-timings: where the catalog override goes (default: --out with .toml)")
     c.set_defaults(func=cmd_calibrate)
     pl = ssub.add_parser("plot", help="time-to-train vs GPU count PNG", description=cmd_plot.__doc__)
     pl.add_argument("--model", default="gpt3-175b", help="gpt3-175b or llama2-70b-lora")
