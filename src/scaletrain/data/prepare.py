@@ -56,14 +56,19 @@ def _kind(p: Path) -> str | None:
     return None
 
 
-def _jsonl_texts(path: Path, lines: Iterable[str]) -> Iterator[str]:
+def json_lines(path: Path, lines: Iterable[str]) -> Iterator[tuple[int, object]]:
+    """(line number, parsed object) of every non-blank JSONL line; a bad line is a DataError naming file:line."""
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            yield lineno, json.loads(line)
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{lineno}: bad JSON: {exc.msg} at column {exc.colno}") from None
+
+
+def _jsonl_texts(path: Path, lines: Iterable[str]) -> Iterator[str]:
+    for lineno, obj in json_lines(path, lines):
         if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
             raise DataError(f"{path}:{lineno}: expected a JSON object with a string 'text' field")
         yield obj["text"]

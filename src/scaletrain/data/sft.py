@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from .indexed import DataError, IndexedDatasetWriter, best_dtype
-from .prepare import load_dataset, meta_path, read_meta
+from .prepare import json_lines, load_dataset, meta_path, read_meta
 from .samples import IGNORE_INDEX, PAD_TOKEN, TrainSamples, ValidSamples
 from .tokenizer import Tokenizer
 
@@ -99,13 +99,7 @@ def read_pairs(paths: Iterable[str | Path], input_field: str | None = None,
         opener = gzip.open if path.name.lower().endswith(".gz") else open
         try:
             with opener(path, "rt", encoding="utf-8") as f:
-                for lineno, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise DataError(f"{path}:{lineno}: bad JSON: {exc.msg} at column {exc.colno}") from None
+                for lineno, obj in json_lines(path, f):
                     yield _pair(f"{path}:{lineno}", obj, input_field, output_field)
         except UnicodeDecodeError as exc:
             raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
