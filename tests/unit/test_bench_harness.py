@@ -88,8 +88,11 @@ def _proxy_cfg(*overrides):
     return resolve("gpt3-proxy", overrides=["train.target_eval_loss=5.6", *overrides])
 
 
-def test_benchmark_of_three_proxy_runs_passes_the_proxy_rules(tmp_path):
+def test_benchmark_of_three_proxy_runs_passes_the_proxy_rules(tmp_path, monkeypatch):
     cfg = _proxy_cfg("bench.runs=3")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)  # the checker's own log must land in each run directory, not here
     engines = {}
 
     def make_engine(run_cfg, seed, run_dir):
@@ -107,6 +110,8 @@ def test_benchmark_of_three_proxy_runs_passes_the_proxy_rules(tmp_path):
     for r in summary["runs"]:
         assert r["compliance"]["ok"], (tmp_path / f"run_{r['run']}" / "compliance.txt").read_text()
         assert "--config" in r["compliance"]["command"]
+        assert "SUCCESS" in (tmp_path / f"run_{r['run']}" / "compliance_checker.log").read_text()
+    assert list(cwd.iterdir()) == []
     assert summary["converged_all"] and summary["compliant_all"] and summary["seed_check_ok"]
     assert summary["n_converged"] == 3 and summary["score_s"] is not None and len(summary["dropped"]) == 2
     # Separate logs per run: each has exactly one run_start and its own seed.

@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["CheckResult", "check_log", "checker_command", "proxy_rules_path", "RULESET", "OFFICIAL", "PROXY_RULES"]
+__all__ = ["CheckResult", "check_log", "checker_command", "proxy_rules_path", "run_benchmark", "RULESET", "OFFICIAL",
+           "PROXY_RULES"]
 
 # gpt3 rules exist only in rulesets 3.0.0-4.1.0; the package's default (newer) ruleset crashes on gpt3 logs.
 RULESET = "4.1.0"
@@ -74,11 +75,14 @@ def check_log(path: str | Path, benchmark: str, log_output: str | Path | None = 
     "gpt3", "llama2_70b_lora": the official ruleset 4.1.0. "gpt3-proxy", "llama2_70b_lora-proxy": the same engine
     with `--config` = the packaged proxy rules file.
     The checker also appends its messages to a file (by default `compliance_checker.log` in the current directory);
-    CheckResult.output already holds them, so that copy goes to os.devnull unless `log_output` names a file.
+    CheckResult.output already holds them, so that copy goes to os.devnull unless `log_output` names a file,
+    which is then replaced (the checker itself would append to an old one).
     """
     path = Path(path)
     if log_output is None:
         log_output = os.devnull
+    elif path.is_file():
+        Path(log_output).unlink(missing_ok=True)
     with ExitStack() as stack:
         config = None
         if benchmark in PROXY_RULES:
@@ -105,3 +109,16 @@ def verdict(returncode: int, output: str) -> bool:
     """
     return (returncode == 0 and bool(_SUCCESS.search(output)) and not _FAILED.search(output)
             and "Traceback (most recent call last)" not in output)
+
+
+def run_benchmark(run_dir: str | Path) -> str | None:
+    """`bench.benchmark` from the config.json of a run directory, or None when there is none to read."""
+    import json
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        benchmark = json.loads(path.read_text()).get("bench", {}).get("benchmark")
+    except (ValueError, AttributeError):
+        raise ValueError(f"{path}: not a scaletrain config.json; pass --benchmark NAME") from None
+    return benchmark if isinstance(benchmark, str) and benchmark else None

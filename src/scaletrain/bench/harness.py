@@ -333,7 +333,8 @@ def run_benchmark(cfg: Config, make_engine: Callable[[Config, int, Path], Engine
                               dp_size=dp_size, platform=platform, writer=writer)
         compliance: dict[str, Any] = {"ok": None, "command": None}
         if cfg.bench.check and writer:
-            check = check_log(run_dir / "mllog.txt", cfg.bench.benchmark)
+            check = check_log(run_dir / "mllog.txt", cfg.bench.benchmark,
+                              log_output=run_dir / "compliance_checker.log")
             (run_dir / "compliance.txt").write_text(check.output)
             compliance = {"ok": check.ok, "command": check.command}
         runs.append({"run": i, **result, "compliance": compliance})
