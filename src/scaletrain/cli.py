@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from scaletrain.config import ConfigError, describe, field_kinds, list_presets, resolve
+from scaletrain.config import Config, ConfigError, describe, list_presets, resolve
 
 DEFAULT_PRESET = "gpt3-proxy"
 # `bench --benchmark NAME` without --preset runs that benchmark's preset.
@@ -294,6 +294,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _BOOL_WORDS = ("true", "false", "1", "0", "yes", "no")
+
+
+def field_kinds(section=None, prefix: str = "") -> dict[str, type]:
+    """Dotted field name -> type of its default, for every field of every section of the Config dataclass."""
+    import dataclasses
+    section = Config() if section is None else section
+    kinds: dict[str, type] = {}
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            kinds.update(field_kinds(value, f"{prefix}{f.name}."))
+        else:
+            kinds[f"{prefix}{f.name}"] = type(value)
+    return kinds
 
 
 def expand_field_flags(argv: list[str]) -> list[str]:

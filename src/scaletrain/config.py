@@ -501,18 +501,6 @@ def describe(cls: type = Config, prefix: str = "", values: Any = None) -> list[t
     return rows
 
 
-def field_kinds(cls: type = Config, prefix: str = "") -> dict[str, type]:
-    """Dotted field name -> the type of its default value, for every field of every section."""
-    kinds: dict[str, type] = {}
-    for f in fields(cls):
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        if dataclasses.is_dataclass(default):
-            kinds.update(field_kinds(type(default), f"{prefix}{f.name}."))
-        else:
-            kinds[f"{prefix}{f.name}"] = type(default)
-    return kinds
-
-
 def _field_docs(cls: type) -> dict[str, str]:
     import inspect
     import textwrap
