@@ -55,6 +55,11 @@ def test_check_needs_a_benchmark_without_config_json(proxy_run, elsewhere, capsy
     assert err.startswith("scaletrain: error: bench check") and "pass --benchmark NAME" in err
     assert len(err.splitlines()) == 1
     assert main(["bench", "check", str(lone), "--benchmark", "gpt3-proxy"]) == 0
+    capsys.readouterr()
+    (elsewhere / "config.json").write_text("[1, 2")
+    assert main(["bench", "check", str(lone)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "config.json: not a scaletrain config.json; pass --benchmark NAME" in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize("argv, needle", [
