@@ -124,7 +124,8 @@ def cmd_bench_check(args) -> int:
     if not log.is_file():
         raise ConfigError(f"bench check {args.log}: no such MLLOG file")
     try:
-        benchmark = args.check_benchmark or run_benchmark(log.parent)
+        # `bench --benchmark NAME check LOG` names it too: the flag belongs to the parent parser there.
+        benchmark = args.check_benchmark or args.benchmark or run_benchmark(log.parent)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     known = (*OFFICIAL, *PROXY_RULES)
