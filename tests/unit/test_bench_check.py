@@ -1,4 +1,4 @@
-"""`scaletrain bench check LOG`: the rules file found inside the package, from any directory (5 checker calls, ~1 s each)."""
+"""`scaletrain bench check LOG`: rules found inside the package, from any directory (5 checker calls, ~1 s each)."""
 
 from __future__ import annotations
 
