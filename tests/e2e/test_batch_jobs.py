@@ -84,11 +84,12 @@ def _assert_stopped_cleanly(run, step, signum):
 
 
 # ------------------------------------------------------------------------------------------------ in process
-@pytest.mark.parametrize("signum,step", [(signal.SIGTERM, 7), (signal.SIGUSR1, 10)],
-                         ids=["sigterm-mid-block", "sigusr1-last-step-of-block"])
+@pytest.mark.parametrize("signum,step,periodic", [(signal.SIGTERM, 7, 1), (signal.SIGUSR1, 10, 0)],
+                         ids=["sigterm-mid-block", "sigusr1-last-step-of-block-no-periodic-checkpoints"])
 def test_signal_saves_the_step_and_resume_continues_the_block(excerpt_corpus, tmp_path, monkeypatch, reference,
-                                                              signum, step):
+                                                              signum, step, periodic):
     run = tmp_path / "run"
+    ckpt = f"checkpoint.interval_steps={periodic}"  # 0: the signal saves even when no periodic save is asked for
     real = Trainer.train_step
 
     def signalled(self):
@@ -98,7 +99,7 @@ def test_signal_saves_the_step_and_resume_continues_the_block(excerpt_corpus, tm
         return out
 
     monkeypatch.setattr(Trainer, "train_step", signalled)
-    cfg = tiny_config(excerpt_corpus, run, *RUN)
+    cfg = tiny_config(excerpt_corpus, run, *RUN, ckpt)
     with pytest.raises(Preempted) as info:
         run_once(cfg, Trainer(cfg, run), run)
     assert info.value.step == step and info.value.exit_code == 128 + signum
@@ -106,7 +107,9 @@ def test_signal_saves_the_step_and_resume_continues_the_block(excerpt_corpus, tm
     assert signal.getsignal(signum) == signal.SIG_DFL  # the handlers are given back
     monkeypatch.setattr(Trainer, "train_step", real)
 
-    cfg = tiny_config(excerpt_corpus, run, *RUN, "checkpoint.resume=auto")
+    assert len(complete_checkpoints(run / "checkpoints")) == (step // 10 if periodic else 0) + 1
+
+    cfg = tiny_config(excerpt_corpus, run, *RUN, ckpt, "checkpoint.resume=auto")
     result = run_once(cfg, Trainer(cfg, run), run)
     _assert_resumed_like_reference(run, result, reference)
 
