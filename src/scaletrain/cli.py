@@ -372,6 +372,7 @@ def _leave_process_group(clean: bool) -> None:
 def _run(args) -> int:
     if args.command in ("predict", "plan", "sim"):
         return _run_sim(args)
+    from scaletrain.bench.preemption import Preempted
     from scaletrain.checkpoint.store import CheckpointError
     from scaletrain.data.indexed import DataError
     try:
@@ -382,6 +383,9 @@ def _run(args) -> int:
     except KeyboardInterrupt:
         print("scaletrain: interrupted", file=sys.stderr)
         return 130
+    except Preempted as exc:  # SIGTERM/SIGUSR1: saved, not finished (bench/preemption.py)
+        print(f"scaletrain: {exc}", file=sys.stderr)
+        return exc.exit_code
 
 
 def _run_sim(args) -> int:

@@ -152,7 +152,7 @@ class TrainConfig:
     threads: int = 0
     """torch intra-op threads on CPU for the whole node, split evenly among its ranks; 0 keeps torch's default."""
     log_interval: int = 1
-    """Write a metrics.jsonl line every this many steps."""
+    """Write a metrics.jsonl line, and off a terminal print a log line, every this many steps (evaluations: always)."""
     run_dir: str = "runs/latest"
     """Run directory for config.json, metrics.jsonl, mllog.txt, result.json and TensorBoard events."""
     device: str = "auto"
@@ -164,7 +164,7 @@ class TrainConfig:
     fp8_recipe: str = "current"
     """FP8 scaling: "current" (per-tensor amax of this step) or "delayed" (amax history, Transformer Engine style)"""
     progress: bool = True
-    """Show a rich progress bar on an interactive terminal."""
+    """Show a rich progress bar on an interactive terminal; off a terminal, or when false, print plain log lines."""
 
 
 @dataclass

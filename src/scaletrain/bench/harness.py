@@ -25,11 +25,12 @@ from scaletrain.config import Config
 
 from .checker import RULESET, check_log
 from .mllog import C, MLLogWriter
+from .preemption import PREEMPTED, Preempted, harness_state, stop_if_signalled
 from .rules import Cadence, eval_skip, is_lora, mllog_hparams, official_rule_violations
 from .score import olympic_score, required_runs
 from .summary import print_summary
 
-__all__ = ["Engine", "NonFiniteLoss", "run_once", "run_benchmark", "derive_seeds", "default_platform"]
+__all__ = ["Engine", "NonFiniteLoss", "Preempted", "run_once", "run_benchmark", "derive_seeds", "default_platform"]
 
 
 class NonFiniteLoss(RuntimeError):
@@ -143,6 +144,9 @@ def run_once(cfg: Config, engine: Engine, run_dir: str | Path, dp_size: int = 1,
     try:
         try:
             _protocol(cfg, engine, log, state, dp_size, platform, plan, resume)
+        except Preempted as exc:
+            _end_preempted(cfg, engine, state, plan, run_dir, writer, exc)
+            raise
         except BaseException as exc:
             state["error"] = f"{type(exc).__name__}: {exc}"
             if state["t_start"] is not None and state["t_stop"] is None:
@@ -168,11 +172,12 @@ def run_once(cfg: Config, engine: Engine, run_dir: str | Path, dp_size: int = 1,
 def _protocol(cfg, engine, log, state, dp_size, platform, plan, resume=None) -> None:
     # Events are logged on their own lines here, on purpose: mllog stamps each with this file and line number.
     if resume:
-        state.update(steps=int(resume["steps"]), evals=list(resume["evals"]), t_start=int(resume["t_start"]))
+        state.update(steps=int(resume["steps"]), evals=list(resume["evals"]), t_start=int(resume["t_start"]),
+                     last=dict(resume.get("last") or {}))
         engine.init()  # rebuilds and loads the checkpoint
         if getattr(engine, "step", state["steps"]) != state["steps"]:
             raise RuntimeError(f"checkpoint step {engine.step} does not match the harness state {state['steps']}")
-        _train_loop(engine, log, state, plan)
+        _train_loop(engine, log, state, plan, open_block=resume.get("block_first"))
         return
     early = _dataset_sizes(cfg, engine)
     # Validates before anything is logged (placeholder sizes when the engine learns them in init()).
@@ -202,19 +207,24 @@ def _placeholder_sizes(plan: Cadence) -> dict:
     return {"eval_samples": 1, "train_samples": 1} if plan.lora else {"eval_samples": 1}
 
 
-def _train_loop(engine, log, state, plan: Cadence) -> None:
+def _train_loop(engine, log, state, plan: Cadence, open_block: int | None = None) -> None:
+    """Blocks and evaluations until a status is set; `open_block`: resume inside the block that starts there."""
     limit, target = plan.limit, plan.target
     while state["status"] is None:
-        first, stop = state["steps"], plan.next_stop(state["steps"])
-        log.start(C.BLOCK_START, metadata=plan.block_meta(first, stop, stop=False))
+        if open_block is None:
+            first, stop = state["steps"], plan.next_stop(state["steps"])
+            log.start(C.BLOCK_START, metadata=plan.block_meta(first, stop, stop=False))
+        else:  # a signal save inside this block: its block_start is already in the (truncated) log
+            first, stop, open_block = int(open_block), plan.next_stop(int(open_block)), None
         try:
-            for _ in range(stop - first):
+            while state["steps"] < stop:
                 out = engine.train_step()
                 loss = float(out["loss"])
                 if not math.isfinite(loss):  # an engine that forgot its own check
                     raise NonFiniteLoss(state["steps"] + 1, loss)
                 state["steps"] += 1
                 state["last"] = out
+                stop_if_signalled(engine, log, state, first)
         except NonFiniteLoss as exc:
             # gpt3 repeats block_start's metadata; lora counts the samples actually trained.
             log.end(C.BLOCK_STOP, metadata=plan.block_meta(first, state["steps"] if plan.lora else stop, stop=True))
@@ -240,9 +250,7 @@ def _train_loop(engine, log, state, plan: Cadence) -> None:
             state["reason"] = (f"step budget of {limit} steps used up with eval loss {eval_loss:.4f} "
                                f"above the target {target}")
         elif hasattr(engine, "checkpoint_due") and engine.checkpoint_due():
-            log.flush()
-            engine.save_checkpoint({"steps": state["steps"], "evals": state["evals"], "t_start": state["t_start"],
-                                    "mllog_bytes": log.size()})
+            engine.save_checkpoint(harness_state(state, log))
 
     stop_meta = {"status": state["status"]}
     if state["reason"]:
@@ -252,6 +260,15 @@ def _train_loop(engine, log, state, plan: Cadence) -> None:
     state["t_stop"] = log.end(C.RUN_STOP, metadata=stop_meta)
     if not plan.lora:  # lora logged its training-set size at init, as its reference does
         log.event(C.TRAIN_SAMPLES, state["steps"] * plan.tps)
+
+
+def _end_preempted(cfg, engine, state: dict, plan: Cadence, run_dir: Path, writer: bool, exc: Preempted) -> None:
+    # Not an end of the run: no run_stop, and result.json says "preempted" so that a restart resumes it.
+    state["status"], state["reason"] = PREEMPTED, str(exc)
+    result = _result(cfg, state, plan, run_dir)
+    if writer:
+        _write_json(run_dir / "result.json", result)
+    engine.finish(result)  # publishes an asynchronous save of the signal's checkpoint
 
 
 def _num(x: Any) -> float | None:

@@ -31,6 +31,7 @@ from scaletrain.train.grad_norm import align_grad_placements, clip_grads_, total
 from scaletrain.train.host import peak_memory_gib, setup_cpu
 from scaletrain.train.metrics import MetricsLogger
 from scaletrain.train.optim import build_optimizer, lr_at, set_lr
+from scaletrain.train.signals import StopSignals
 
 
 @dataclass
@@ -100,6 +101,7 @@ class Trainer:
             import json
             self.resume_info = json.loads((self.resume_path / "trainer.json").read_text())
         self.metrics: MetricsLogger | None = None
+        self.stop_signals = StopSignals()  # SIGTERM/SIGUSR1: save and stop (installed for init..finish)
         self.step = 0  # optimizer steps taken since run start
         self._loss_scale = 1.0
 
@@ -145,7 +147,10 @@ class Trainer:
             self.step = int(info["step"])
         if self.rank == 0:
             self.metrics = MetricsLogger(self.run_dir, total_steps=self._planned_steps(),
-                                         progress=self.cfg.train.progress)
+                                         progress=self.cfg.train.progress, first_step=self.step,
+                                         total_label=self._budget_label(), target=self.cfg.train.target_eval_loss,
+                                         memory_label="max allocated" if self.device.type == "cuda" else "peak RSS")
+        self.stop_signals.install()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         if self.world_size > 1:
@@ -211,6 +216,7 @@ class Trainer:
 
     def finish(self, result: dict) -> None:
         """Publish a pending asynchronous checkpoint and close metrics sinks; the harness writes result.json."""
+        self.stop_signals.uninstall()
         try:
             self.checkpointer.finish()
         finally:
@@ -220,13 +226,19 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints (harness hooks)
     def checkpoint_due(self) -> bool:
         """Whether the harness should save now (called after an evaluation; same answer on all ranks)."""
+        if self.step == self.checkpointer.last_step:
+            return False  # this step is already saved (a signal save just before its evaluation, then resumed)
         return self.checkpointer.due(self.step)
 
-    def save_checkpoint(self, harness_state: dict) -> None:
-        """Save model, optimizers and trainer/harness state at the current step."""
+    def stop_signal(self) -> int:
+        """SIGTERM/SIGUSR1 number when any rank received one since init(), else 0; same on all ranks (collective)."""
+        return self.stop_signals.agreed(self.device)
+
+    def save_checkpoint(self, harness_state: dict) -> Path:
+        """Save model, optimizers and trainer/harness state at the current step; returns the checkpoint's path."""
         from scaletrain.checkpoint.checkpointer import trainer_state
-        self.checkpointer.save(self.step, self.pm.parts, self.optimizers,
-                               trainer_state(self.step, self.cfg, self.layout, harness_state))
+        return self.checkpointer.save(self.step, self.pm.parts, self.optimizers,
+                                      trainer_state(self.step, self.cfg, self.layout, harness_state))
 
     def _load_init_weights(self) -> None:
         from scaletrain.checkpoint.base import check_compatible, load_base_weights, read_base_state
@@ -397,3 +409,7 @@ class Trainer:
         gbs = self.global_batch_size
         limit = self.cfg.optim.decay_steps(gbs) - self.cfg.optim.init_checkpoint_step(gbs)
         return self.cfg.train.max_steps or max(limit, 1)
+
+    def _budget_label(self) -> str:
+        """What the planned step count is: the step budget (train.max_steps) or the end of the lr decay."""
+        return "step budget" if self.cfg.train.max_steps else "decay end"

@@ -1,15 +1,13 @@
-"""Per-step metrics: metrics.jsonl (the run-directory contract), TensorBoard events and a rich progress bar."""
+"""Per-step metrics: metrics.jsonl (the run-directory contract), TensorBoard events and the live view (console.py)."""
 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from scaletrain.train.console import live_view
 
 
 class MetricsLogger:
@@ -18,7 +16,10 @@ class MetricsLogger:
     Contract: training lines carry at least step, loss, lr, tokens, tokens_per_s; evaluation lines carry eval_loss.
     """
 
-    def __init__(self, run_dir: str | Path, total_steps: int, progress: bool = True, tensorboard: bool = True):
+    def __init__(self, run_dir: str | Path, total_steps: int, progress: bool = True, tensorboard: bool = True,
+                 first_step: int = 0, **view: Any):
+        """`total_steps`: the planned steps (an upper bound); `first_step`: where a resumed run starts; `view`:
+        options of the plain-line log (console.LogLines)."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._file = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
@@ -26,14 +27,7 @@ class MetricsLogger:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # heavy import: only when asked for
             self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
-        self._progress = None
-        if progress and sys.stdout.isatty():
-            self._progress = Progress(
-                TextColumn("[bold]step {task.completed}/{task.total}"), BarColumn(),
-                TextColumn("loss {task.fields[loss]}  eval {task.fields[eval]}  {task.fields[tps]} tok/s"),
-                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=Console(), transient=True)
-            self._task = self._progress.add_task("train", total=total_steps, loss="-", eval="-", tps="-")
-            self._progress.start()
+        self._view = live_view(total_steps, progress, first_step, **view)
 
     def log(self, record: dict[str, Any]) -> None:
         """Write one line; numbers also go to TensorBoard under their key at `step`."""
@@ -44,19 +38,14 @@ class MetricsLogger:
             for key, value in record.items():
                 if key not in ("step", "time") and isinstance(value, (int, float)):
                     self._tb.add_scalar(key, value, step)
-        if self._progress is not None:
-            fields = {}
-            if "loss" in record:
-                fields.update(loss=f"{record['loss']:.3f}", tps=f"{record.get('tokens_per_s', 0):,.0f}")
-            if "eval_loss" in record:
-                fields["eval"] = f"{record['eval_loss']:.3f}"
-            self._progress.update(self._task, completed=step, **fields)
+        if self._view is not None:
+            self._view.update(record)
 
     def close(self) -> None:
         """Flush and close every sink (idempotent)."""
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+        if self._view is not None:
+            self._view.close()
+            self._view = None
         if self._tb is not None:
             self._tb.close()
             self._tb = None
