@@ -196,17 +196,18 @@ def _train(corpus, tmp_path, tag, *extra, steps=100):
 
 @pytest.mark.slow
 def test_fp8_training_tracks_bf16(excerpt_corpus, tmp_path):
-    """FP8 (both recipes) ends up where bf16 does, within a bound set by how far bf16 runs themselves scatter.
+    """FP8 (both recipes) follows bf16 step by step at first and settles where bf16 runs settle.
 
-    Per-step losses decorrelate within ~20 steps (FP8's 3-bit mantissa, like any perturbation, changes every
-    later batch's gradient), so what is comparable is the level the curve settles at: the mean loss over the
-    second half. Measured (4 layers, d64, 100 steps), in units of the bf16 loss drop over the run (~1.47):
-    bf16 seeds 1234/7/99/5 scatter over 0.215 = 15%; FP8 minus bf16 of the same seed is -0.066 / -0.143
-    (current / delayed, seed 1234) and -0.037 / -0.085 (seed 7), i.e. up to 10%. The old 2%-of-final-loss bound
-    sat inside that scatter (delayed ended 2.06% off on every machine). The bound, 25% of the drop, is the
-    widest bf16 seed-to-seed scatter widened by ~1.7x: a legitimate run cannot leave it, while broken FP8
-    scaling (scales off by 256x or 1e-4x: saturated or flushed-to-zero GEMMs) does (see the report in git log).
-    The numeric size of FP8 error itself is checked per GEMM in test_float8_linear_matches_fp32_linear_*.
+    Bounds come from measured spreads (4 layers, d64, 100 steps, losses ~6.9 -> ~5.3):
+    * Early steps 0-7, same weights and batches: |FP8 - bf16| <= 3e-4 (quantization error only; reordered
+      accumulation moves bf16 by ~1e-6 here). Bound 1.5e-3. Scales off by 256x (saturated GEMMs) give 9e-3.
+    * After that the curves decorrelate (every later batch sees different gradients), so only the level they
+      settle at is comparable: the mean loss over steps 50-99. bf16 seeds 1234/7/99/5 scatter over 0.215, 15%
+      of the loss drop (~1.47); FP8 minus bf16 of the same seed was -0.066 / -0.143 (current / delayed, seed
+      1234) and -0.037 / -0.085 (seed 7). The old bound (final loss within 2%) sat inside that scatter: delayed
+      ends 2.06% below bf16. Bound: 25% of the drop, the widest seed-to-seed scatter widened by ~1.7x.
+    FP8 confined to blocks 1-2 of 4 barely moves the loss, so milder breakage (no scaling at all, e5m2 for
+    activations) stays inside these bounds; test_float8_linear_matches_fp32_linear_* checks the GEMM error.
     """
     base, n = _train(excerpt_corpus, tmp_path, "bf16")
     drop = base[0] - base[50:].mean()
@@ -214,7 +215,8 @@ def test_fp8_training_tracks_bf16(excerpt_corpus, tmp_path):
     for recipe in ("current", "delayed"):
         fp8, n = _train(excerpt_corpus, tmp_path, recipe, "train.fp8=true", f"train.fp8_recipe={recipe}")
         assert n == 8  # blocks 1, 2 of 4
-        assert fp8[0] == pytest.approx(base[0], abs=0.01), recipe  # same weights, same first batch
+        early = np.abs(fp8[:8] - base[:8]).max()
+        assert early < 1.5e-3, (recipe, early)
         gap = fp8[50:].mean() - base[50:].mean()
         assert abs(gap) < 0.25 * drop, (recipe, gap, drop)
         assert not np.array_equal(fp8, base)  # FP8 really ran
