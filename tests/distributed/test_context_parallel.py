@@ -84,6 +84,51 @@ def _attention_check(cp_mesh, seed, out, tag):
         _close(f"{tag}.grad_{name}", _unshard(t.grad, cp_mesh, 2), r.grad, out)
 
 
+def _gloo_contract_check(cp_mesh, out):
+    """Every collective the CP attention issues (forward all-gather, backward reduce-scatter) gets a contiguous,
+    dense input that nothing modifies until the collective is waited on, and none is left in flight.
+
+    Gloo reads and writes the buffers on its own thread until wait(); breaking this corrupts data or the heap.
+    The functional-collective ops are wrapped where torch's Python layer looks them up, on this rank only.
+    """
+    ops = torch.ops._c10d_functional
+    names = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce")
+    orig = {n: getattr(ops, n) for n in (*names, "wait_tensor")}
+    inflight, problems, issued = {}, [], []
+
+    def issue(name):
+        def call(inp, *args, **kwargs):
+            if not inp.is_contiguous():  # contiguous: dense and non-overlapping
+                problems.append(f"{name}: input with strides {inp.stride()} is not contiguous")
+            res = orig[name](inp, *args, **kwargs)
+            inflight[res.untyped_storage().data_ptr()] = (name, inp, inp._version)
+            issued.append(name)
+            return res
+        return call
+
+    def wait(t):
+        rec = inflight.pop(t.untyped_storage().data_ptr(), None)
+        if rec is not None and rec[1]._version != rec[2]:
+            problems.append(f"{rec[0]}: input modified while the collective was in flight")
+        return orig["wait_tensor"](t)
+
+    for n in names:
+        setattr(ops, n, issue(n))
+    setattr(ops, "wait_tensor", wait)
+    try:
+        cp, rank = cp_mesh.size(), cp_mesh.get_local_rank()
+        q, k, v = (torch.randn(2, 4, 8, 8, requires_grad=True) for _ in range(3))
+        AllGatherCausalAttention(cp_mesh.get_group(), 8 * cp, cp, rank)(q, k, v).square().sum().backward()
+    finally:
+        for n, f in orig.items():
+            setattr(ops, n, f)
+    problems += [f"{name}: never waited" for name, *_ in inflight.values()]
+    out["gloo_contract"] = (None, {"all_gather_into_tensor", "reduce_scatter_tensor"} <= set(issued)
+                            and not problems)
+    if problems:  # a worker exception reaches the test with this rank's traceback and the list
+        raise AssertionError("CP collectives broke gloo's buffer contract: " + "; ".join(problems))
+
+
 def _tiny_cfg():
     from scaletrain.config import resolve
     return resolve("gpt3-proxy", overrides=["model.n_layers=2", "model.d_model=64", "model.n_heads=4",
@@ -145,6 +190,7 @@ def _two_ranks(rank, world_size):
     _attention_check(cp_mesh, 0, out, "attn_cp2")
     _model_check(cp_mesh, 1, out, "model_cp2")
     _structure_check(init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "cp")), cp_mesh, out)
+    _gloo_contract_check(cp_mesh, out)
     return out
 
 
@@ -187,6 +233,10 @@ def test_gpt_loss_and_grads_match_full_sequence_on_2_ranks(two_rank_results):
 def test_cp1_is_noop_and_pipeline_stage_gets_no_hook(two_rank_results):
     _assert_all_ok(two_rank_results, "noop_cp1")
     _assert_all_ok(two_rank_results, "stage_cores_no_hook")
+
+
+def test_cp_collectives_keep_gloo_buffers_contiguous_and_untouched_until_waited(two_rank_results):
+    _assert_all_ok(two_rank_results, "gloo_contract")
 
 
 def test_attention_and_gpt_on_4_ranks_with_cp_subgroups():

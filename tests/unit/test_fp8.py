@@ -196,14 +196,29 @@ def _train(corpus, tmp_path, tag, *extra, steps=100):
 
 @pytest.mark.slow
 def test_fp8_training_tracks_bf16(excerpt_corpus, tmp_path):
+    """FP8 (both recipes) follows bf16 step by step at first and settles where bf16 runs settle.
+
+    Bounds come from measured spreads (4 layers, d64, 100 steps, losses ~6.9 -> ~5.3):
+    * Early steps 0-7, same weights and batches: |FP8 - bf16| <= 3e-4 (quantization error only; reordered
+      accumulation moves bf16 by ~1e-6 here). Bound 1.5e-3. Scales off by 256x (saturated GEMMs) give 9e-3.
+    * After that the curves decorrelate (every later batch sees different gradients), so only the level they
+      settle at is comparable: the mean loss over steps 50-99. bf16 seeds 1234/7/99/5 scatter over 0.215, 15%
+      of the loss drop (~1.47); FP8 minus bf16 of the same seed was -0.066 / -0.143 (current / delayed, seed
+      1234) and -0.037 / -0.085 (seed 7). The old bound (final loss within 2%) sat inside that scatter: delayed
+      ends 2.06% below bf16. Bound: 25% of the drop, the widest seed-to-seed scatter widened by ~1.7x.
+    FP8 confined to blocks 1-2 of 4 barely moves the loss, so milder breakage (no scaling at all, e5m2 for
+    activations) stays inside these bounds; test_float8_linear_matches_fp32_linear_* checks the GEMM error.
+    """
     base, n = _train(excerpt_corpus, tmp_path, "bf16")
-    assert n == 0 and base[0] - base[-10:].mean() > 1.0
+    drop = base[0] - base[50:].mean()
+    assert n == 0 and drop > 1.0  # bf16 trains at all
     for recipe in ("current", "delayed"):
         fp8, n = _train(excerpt_corpus, tmp_path, recipe, "train.fp8=true", f"train.fp8_recipe={recipe}")
         assert n == 8  # blocks 1, 2 of 4
-        # Measured over seeds 1234/7/99 (4 layers, d64, 100 steps): last-10 mean within 1.1%, mean |diff| <= 0.033.
-        assert abs(fp8[-10:].mean() - base[-10:].mean()) / base[-10:].mean() < 0.02, recipe
-        assert np.abs(fp8 - base).mean() < 0.05, recipe
+        early = np.abs(fp8[:8] - base[:8]).max()
+        assert early < 1.5e-3, (recipe, early)
+        gap = fp8[50:].mean() - base[50:].mean()
+        assert abs(gap) < 0.25 * drop, (recipe, gap, drop)
         assert not np.array_equal(fp8, base)  # FP8 really ran
 
 

@@ -90,19 +90,29 @@ class IndexedDatasetWriter:
 
     def add_document(self, tokens: np.ndarray | Iterable[int]) -> None:
         """Append one document (a 1-D array of token ids) as one sequence."""
+        self.add_document_parts([tokens])
+
+    def add_document_parts(self, parts: Iterable[np.ndarray | Iterable[int]]) -> None:
+        """Append one document given as consecutive 1-D pieces (e.g. a long text tokenized chunk by chunk).
+
+        Each piece is written as it arrives, so a document never has to exist whole in memory.
+        """
         if self._done:
             raise ValueError(f"{self.prefix}: writer already finalized")
-        arr = np.asarray(tokens)
-        if arr.ndim != 1:
-            raise ValueError(f"{self.prefix}: a document must be 1-D, got shape {arr.shape}")
-        if arr.size and self._lo is not None and arr.dtype != self.dtype:
-            lo, hi = int(arr.min()), int(arr.max())
-            if lo < self._lo or hi > self._hi:
-                raise DataError(f"{bin_path(self.prefix)}: token id {hi if hi > self._hi else lo} "
-                                f"does not fit dtype {self.dtype}")
-        arr = np.ascontiguousarray(arr, dtype=self.dtype)
-        self._bin.write(arr.tobytes(order="C"))
-        self._lengths.append(int(arr.size))
+        n = 0
+        for tokens in parts:
+            arr = np.asarray(tokens)
+            if arr.ndim != 1:
+                raise ValueError(f"{self.prefix}: a document must be 1-D, got shape {arr.shape}")
+            if arr.size and self._lo is not None and arr.dtype != self.dtype:
+                lo, hi = int(arr.min()), int(arr.max())
+                if lo < self._lo or hi > self._hi:
+                    raise DataError(f"{bin_path(self.prefix)}: token id {hi if hi > self._hi else lo} "
+                                    f"does not fit dtype {self.dtype}")
+            arr = np.ascontiguousarray(arr, dtype=self.dtype)
+            self._bin.write(arr.data)
+            n += int(arr.size)
+        self._lengths.append(n)
 
     @property
     def num_documents(self) -> int:

@@ -25,6 +25,11 @@ GZIP_SUFFIXES = (".json.gz", ".jsonl.gz")
 # that the Python int lists it returns (~30 bytes per token) stay a few hundred MB at most.
 ENCODE_CHUNK_DOCS = 2048
 ENCODE_CHUNK_CHARS = 8 * 1024 * 1024
+# A document longer than this is tokenized piece by piece (see text_pieces) and its tokens written as they come.
+# One SentencePiece encode call takes ~50 bytes per character (measured), so a 30 MB JSONL line encoded whole
+# peaked at 1.6 GB RSS; in 256 Ki-character pieces the tokenizer adds ~15 MB and the peak (94 MB) is the
+# interpreter plus the line while json parses it into the document string.
+ENCODE_PIECE_CHARS = 256 * 1024
 
 
 def meta_path(prefix: str | Path) -> Path:
@@ -57,21 +62,68 @@ def _kind(p: Path) -> str | None:
 
 
 def json_lines(path: Path, lines: Iterable[str]) -> Iterator[tuple[int, object]]:
-    """(line number, parsed object) of every non-blank JSONL line; a bad line is a DataError naming file:line."""
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
+    """(line number, parsed object) of every non-blank JSONL line; a bad line is a DataError naming file:line.
+
+    The raw line is released before the object is handed out, so a huge line is held once (as its parsed
+    strings) while the caller works on it, not twice.
+    """
+    lineno = 0
+    # No enumerate(): it keeps its last (index, line) tuple alive until the next line is read.
+    for line in lines:
+        lineno += 1
+        if line.isspace() or not line:
             continue
         try:
-            yield lineno, json.loads(line)
+            obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{lineno}: bad JSON: {exc.msg} at column {exc.colno}") from None
+        del line
+        yield lineno, obj
+        del obj
 
 
 def _jsonl_texts(path: Path, lines: Iterable[str]) -> Iterator[str]:
     for lineno, obj in json_lines(path, lines):
         if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
             raise DataError(f"{path}:{lineno}: expected a JSON object with a string 'text' field")
-        yield obj["text"]
+        text = obj.pop("text")
+        del obj
+        yield text
+        del text
+
+
+def text_pieces(text: str, size: int = ENCODE_PIECE_CHARS) -> Iterator[str]:
+    """`text` in consecutive pieces of at most `size` characters whose token ids, concatenated, equal the ids of
+    `text` encoded whole (for SentencePiece with its default normalizer, as train_tokenizer makes).
+
+    A seam is placed just before a run of plain spaces that sits between two non-whitespace characters
+    ("...word|   word..."): the normalizer strips the next piece's leading spaces and adds its dummy-prefix "▁",
+    which is exactly the one "▁" the run collapses to in context, and no SentencePiece token spans a space. The
+    seam is the last such run start in the second half of the window; a window without one (e.g. one 1 MB
+    "word", or text without spaces such as Chinese) is cut at `size` characters, and only there may the tokens
+    differ from whole-text encoding.
+    """
+    n, start = len(text), 0
+    while n - start > size:
+        end = start + size
+        cut = text.rfind(" ", start + size // 2, end)
+        while cut > start and not _seam_ok(text, cut):
+            cut = text.rfind(" ", start + size // 2, cut)
+        if cut <= start:
+            cut = end
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
+
+
+def _seam_ok(text: str, i: int) -> bool:
+    # text[i] is a space: a seam when it starts a run of plain spaces between two non-whitespace characters.
+    if text[i - 1].isspace():
+        return False
+    j = i
+    while j < len(text) and text[j] == " ":
+        j += 1
+    return j < len(text) and not text[j].isspace()
 
 
 def read_documents(paths: Iterable[str | Path]) -> Iterator[str]:
@@ -122,18 +174,33 @@ def prepare_dataset(inputs: Sequence[str | Path], out_prefix: str | Path, tokeni
     chunk: list[str] = []
     chunk_chars = 0
 
+    def as_array(ids: list[int]) -> np.ndarray:
+        nonlocal max_id
+        arr = np.asarray(ids, dtype=np.int64)
+        if arr.size:
+            max_id = max(max_id, int(arr.max()))
+        return arr
+
     def flush(writer: IndexedDatasetWriter) -> None:
-        nonlocal max_id, chunk, chunk_chars
+        nonlocal chunk, chunk_chars
         for ids in tok.encode_batch(chunk, num_threads=num_threads):
             if ids:
-                arr = np.asarray(ids, dtype=np.int64)
-                max_id = max(max_id, int(arr.max()))
-                writer.add_document(arr)
+                writer.add_document(as_array(ids))
         chunk, chunk_chars = [], 0
+
+    def stream(writer: IndexedDatasetWriter, doc: str) -> None:
+        # One piece per encode call: each list of ids becomes a small array and goes to the .bin at once.
+        pieces = (as_array(tok.encode(piece)) for piece in text_pieces(doc, ENCODE_PIECE_CHARS))
+        writer.add_document_parts(pieces)
 
     with IndexedDatasetWriter(out_prefix, best_dtype(tok.vocab_size)) as w:
         for doc in read_documents(inputs):
-            if not doc.strip():
+            if not doc or doc.isspace():  # not doc.strip(): that copies a huge document once more
+                continue
+            if len(doc) > ENCODE_PIECE_CHARS:
+                flush(w)  # keep the stored document order
+                stream(w, doc)
+                del doc
                 continue
             chunk.append(doc)
             chunk_chars += len(doc)
