@@ -102,3 +102,13 @@ def test_bench_benchmark_flag(capsys, tmp_path):
                         "--set", f"data.train_prefix={tmp_path / 'gov'}", "--set", f"data.valid_prefix={tmp_path / 'v'}",
                         "--set", f"data.tokenizer={tmp_path / 't.model'}")
     assert code == 2 and ("gov" in err or "t.model" in err), err
+
+
+@pytest.mark.parametrize("override", ["optim.lr=nan", "train.target_eval_loss=nan", "optim.grad_clip=nan",
+                                      "model.init_std=nan", "checkpoint.interval_minutes=inf", "lora.alpha=-inf"])
+def test_non_finite_config_value_is_one_line(capsys, tmp_path, override):
+    # NaN passes every `<= 0` check; it must be refused by name before anything runs.
+    code, err = run_cli(capsys, "train", "--set", override, "--run-dir", str(tmp_path / "r"))
+    field, value = override.split("=")
+    assert code == 2 and err == f"scaletrain: error: {field}={float(value)}: must be a finite number"
+    assert not (tmp_path / "r").exists()
