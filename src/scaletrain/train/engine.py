@@ -145,7 +145,7 @@ class Trainer:
             self.step = int(info["step"])
         if self.rank == 0:
             self.metrics = MetricsLogger(self.run_dir, total_steps=self._planned_steps(),
-                                         progress=self.cfg.train.progress)
+                                         progress=self.cfg.train.progress, start_step=self.step)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         if self.world_size > 1:
