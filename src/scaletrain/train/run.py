@@ -43,7 +43,7 @@ def train(cfg: Config, console: Console | None = None, overwrite: bool = False) 
             result = claim["finished"]
             if writer:
                 console.print(f"{run_dir} already finished ({result['status']}, {outcome_of(result)}); nothing to "
-                              f"train (--overwrite starts it again)")
+                              f"train (--overwrite starts it again)", soft_wrap=True)
             return result
         engine = _make_engine(cfg, cfg.train.seed, run_dir)  # joins the process group and validates the layout
         if writer:
@@ -107,6 +107,9 @@ def bench(cfg: Config, out_dir: Path, console: Console | None = None, overwrite:
     device = resolve_device(cfg.train.device)
     _, world = init_distributed(device)
     layout = Layout.from_config(cfg, world)  # every layout problem before the first run directory is made
+    if device.type == "cpu":
+        from scaletrain.train.host import check_host_memory
+        check_host_memory(cfg, layout)
     name = torch_device_name(device)
     writer = is_writer()
     checkpoint_dir = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None

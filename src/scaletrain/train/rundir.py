@@ -114,9 +114,11 @@ class RunDirLock:
         self.directory = Path(directory)
         self.path = self.directory / LOCK_NAME
         self._fd: int | None = None
+        self._created = False
 
     def acquire(self) -> str | None:
         """Take the lock or raise RunDirError naming the owner; returns a warning when a stale lock was taken."""
+        self._created = not self.directory.exists()
         self.directory.mkdir(parents=True, exist_ok=True)
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -125,6 +127,7 @@ class RunDirLock:
             except OSError as exc:
                 owner = _read_owner(fd)
                 os.close(fd)
+                self._created = False
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                     raise RunDirError(f"{self.path}: cannot lock the run directory ({exc.strerror})") from None
                 raise RunDirError(f"run directory {self.directory} is in use by {_describe(owner)} "
@@ -159,6 +162,9 @@ class RunDirLock:
             pass  # the directory was removed or moved
         os.close(self._fd)
         self._fd = None
+        if self._created:  # a run refused before it wrote anything leaves no empty directory behind
+            with contextlib.suppress(OSError):
+                self.directory.rmdir()
 
 
 def _read_owner(fd: int) -> dict:
