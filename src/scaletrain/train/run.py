@@ -31,23 +31,22 @@ def train(cfg: Config, console: Console | None = None, overwrite: bool = False) 
     from scaletrain.bench.harness import run_once
     from scaletrain.train.distributed import init_distributed, is_writer
     from scaletrain.train.engine import resolve_device
-    from scaletrain.train.rundir import apply_plan, claimed, warn
+    from scaletrain.train.rundir import RunDirClaim
     console = console or default_console()
     run_dir = Path(cfg.train.run_dir)
     init_distributed(resolve_device(cfg.train.device))
     writer = is_writer()
-    checkpoint_dir = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None
-    with claimed(run_dir, writer=writer, resume=cfg.checkpoint.resume, overwrite=overwrite,
-                 checkpoint_dir=checkpoint_dir) as claim:
-        if claim["finished"] is not None:
-            result = claim["finished"]
+    with RunDirClaim(run_dir, writer=writer, resume=cfg.checkpoint.resume, overwrite=overwrite,
+                     checkpoint_dir=Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None) as claim:
+        engine = _make_engine(cfg, cfg.train.seed, run_dir)  # validates the layout and the data first
+        finished = claim.decide()
+        if finished is not None:
             if writer:
-                console.print(f"{run_dir} already finished ({result['status']}, {outcome_of(result)}); nothing to "
-                              f"train (--overwrite starts it again)", soft_wrap=True)
-            return result
-        engine = _make_engine(cfg, cfg.train.seed, run_dir)  # joins the process group and validates the layout
+                console.print(f"{run_dir} already finished ({finished['status']}, {outcome_of(finished)}); nothing "
+                              f"to train (--overwrite starts it again)", soft_wrap=True)
+            return finished
+        claim.apply()
         if writer:
-            warn(apply_plan(run_dir, claim["action"], checkpoint_dir=checkpoint_dir))
             cfg.save(run_dir)
             console.print(f"layout: {engine.layout.describe()} ({engine.layout.data_parallel_kind}), "
                           f"device {engine.device}")
@@ -103,7 +102,7 @@ def bench(cfg: Config, out_dir: Path, console: Console | None = None, overwrite:
     from scaletrain.parallel.layout import Layout
     from scaletrain.train.distributed import init_distributed, is_writer
     from scaletrain.train.engine import resolve_device
-    from scaletrain.train.rundir import apply_plan, claimed, warn
+    from scaletrain.train.rundir import RunDirClaim
     device = resolve_device(cfg.train.device)
     _, world = init_distributed(device)
     layout = Layout.from_config(cfg, world)  # every layout problem before the first run directory is made
@@ -112,11 +111,10 @@ def bench(cfg: Config, out_dir: Path, console: Console | None = None, overwrite:
         check_host_memory(cfg, layout)
     name = torch_device_name(device)
     writer = is_writer()
-    checkpoint_dir = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None
-    with claimed(out_dir, writer=writer, resume=cfg.checkpoint.resume, overwrite=overwrite, bench=True,
-                 checkpoint_dir=checkpoint_dir, flag="--out") as claim:
-        if writer:
-            warn(apply_plan(Path(out_dir), claim["action"], bench=True, checkpoint_dir=checkpoint_dir))
+    with RunDirClaim(out_dir, writer=writer, resume=cfg.checkpoint.resume, overwrite=overwrite, bench=True,
+                     checkpoint_dir=Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None, flag="--out") as claim:
+        claim.decide()
+        claim.apply()
         return run_benchmark(cfg, _make_engine, out_dir, console=console or default_console(), dp_size=layout.dp,
                              platform=cfg.bench.platform or f"{world}x{name}", writer=writer)
 

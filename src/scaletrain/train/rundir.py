@@ -272,36 +272,61 @@ def apply_plan(directory: Path, action: str, *, bench: bool = False, checkpoint_
     return None
 
 
-@contextlib.contextmanager
-def claimed(directory: str | Path, *, writer: bool, resume: str, overwrite: bool, bench: bool = False,
-            checkpoint_dir: Path | None = None, flag: str = "--run-dir"):
-    """Hold `directory` for one command: yields {"action": plan_existing's answer, "finished": result or None}.
+class RunDirClaim:
+    """One command's hold on a run directory: `with RunDirClaim(...) as claim:` locks it (rank 0, the writer),
+    `claim.decide()` says what to do with a run already there, `claim.apply()` does it, and leaving the block
+    releases the lock (exceptions included).
 
-    Rank 0 (the writer) locks and decides; every rank receives the answer, so a refusal ends all ranks alike.
-    "finished" is the result.json of a run that already ended on its own, when asked to resume it (auto).
-    The lock is released on the way out, exceptions included.
+    Every rank gets rank 0's answers, so a busy or occupied directory stops all ranks alike. decide() comes
+    after the caller has validated its inputs, so a bad config or damaged data is reported as such first.
     """
-    directory = Path(directory)
-    lock = RunDirLock(directory) if writer else None
-    answer: dict[str, Any] = {"error": None, "action": None, "finished": None}
-    if lock is not None:
-        try:
-            warn(lock.acquire())
-            answer["action"] = plan_existing(directory, resume=resume, overwrite=overwrite, bench=bench,
-                                             checkpoint_dir=checkpoint_dir, flag=flag)
-            if answer["action"] == "resume" and resume == "auto" and not bench:
-                answer["finished"] = finished_result(directory)
-        except RunDirError as exc:
-            answer["error"] = str(exc)
-            lock.release()
-    answer = share(answer)
-    if answer["error"]:
-        raise RunDirError(answer["error"])
-    try:
-        yield answer
-    finally:
-        if lock is not None:
-            lock.release()
+
+    def __init__(self, directory: str | Path, *, writer: bool, resume: str, overwrite: bool, bench: bool = False,
+                 checkpoint_dir: Path | None = None, flag: str = "--run-dir"):
+        self.directory = Path(directory)
+        self.writer, self.resume, self.overwrite, self.bench = writer, resume, overwrite, bench
+        self.checkpoint_dir, self.flag = checkpoint_dir, flag
+        self.lock = RunDirLock(self.directory) if writer else None
+        self.action: str | None = None
+
+    def __enter__(self) -> "RunDirClaim":
+        error = None
+        if self.lock is not None:
+            try:
+                warn(self.lock.acquire())
+            except RunDirError as exc:
+                error = str(exc)
+        error = share(error)
+        if error:
+            raise RunDirError(error)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+    def decide(self) -> dict | None:
+        """plan_existing's answer for every rank (raises RunDirError on all of them); returns the result.json of
+        a run that already ended on its own when asked to resume it (auto), else None."""
+        answer: dict[str, Any] = {"error": None, "action": None, "finished": None}
+        if self.writer:
+            try:
+                answer["action"] = plan_existing(self.directory, resume=self.resume, overwrite=self.overwrite,
+                                                 bench=self.bench, checkpoint_dir=self.checkpoint_dir, flag=self.flag)
+                if answer["action"] == "resume" and self.resume == "auto" and not self.bench:
+                    answer["finished"] = finished_result(self.directory)
+            except RunDirError as exc:
+                answer["error"] = str(exc)
+        answer = share(answer)
+        if answer["error"]:
+            raise RunDirError(answer["error"])
+        self.action = answer["action"]
+        return answer["finished"]
+
+    def apply(self) -> None:
+        """Rank 0: clear (--overwrite) or move aside (default directory) the previous run, printing what it did."""
+        if self.writer:
+            warn(apply_plan(self.directory, self.action, bench=self.bench, checkpoint_dir=self.checkpoint_dir))
 
 
 def finished_result(directory: Path) -> dict | None:
