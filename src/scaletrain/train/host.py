@@ -95,12 +95,16 @@ def check_host_memory(cfg, layout) -> None:
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     need = training_state_bytes(cfg, shards) * local_ranks
     have = available_memory_bytes()
-    if have is None or need <= have:
-        return
-    what = "fp32 weights + LoRA adapters with Adam" if cfg.lora.rank > 0 else "fp32 weights, gradients and Adam"
-    per = f" ({local_ranks} ranks on this machine, 1/{shards} each)" if local_ranks > 1 or shards > 1 else ""
-    raise ConfigError(f"{cfg.preset or 'this model'} needs ~{_human(need)} for {what}{per}; this machine has "
-                      f"{_human(have)} available")
+    problem = None
+    if have is not None and need > have:
+        what = "fp32 weights + LoRA adapters with Adam" if cfg.lora.rank > 0 else "fp32 weights, gradients and Adam"
+        per = f" ({local_ranks} ranks on this machine, 1/{shards} each)" if local_ranks > 1 or shards > 1 else ""
+        problem = (f"{cfg.preset or 'this model'} needs ~{_human(need)} for {what}{per}; this machine has "
+                   f"{_human(have)} available")
+    from scaletrain.train.rundir import share
+    problem = share(problem)  # rank 0's reading decides for all: a rank left behind would hang in a collective
+    if problem:
+        raise ConfigError(problem)
 
 
 def _human(n: float) -> str:

@@ -119,7 +119,10 @@ class RunDirLock:
     def acquire(self) -> str | None:
         """Take the lock or raise RunDirError naming the owner; returns a warning when a stale lock was taken."""
         self._created = not self.directory.exists()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunDirError(f"{self.directory}: cannot use it as a run directory ({exc.strerror})") from None
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
