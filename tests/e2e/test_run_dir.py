@@ -179,3 +179,23 @@ def test_truncate_metrics_keeps_records_through_the_step(tmp_path):
     assert path.read_text() == "\n".join(lines[:3]) + "\n"
     truncate_metrics(path, 0)
     assert path.read_text() == ""
+
+
+def test_overwrite_clears_only_run_files_and_outside_checkpoints(tmp_path):
+    from scaletrain.train.rundir import RunDirError, apply_plan, plan_existing
+    run, ext = tmp_path / "run", tmp_path / "ckpt"
+    (run / "checkpoints" / "step_00000002").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    (run / "fabric.json").write_text("{}")  # someone else's file in the run directory
+    (ext / "step_00000004").mkdir(parents=True)
+    (ext / "step_00000006.tmp").mkdir()
+    (ext / "notes.txt").write_text("mine")
+    # Checkpoints of an earlier run in checkpoint.dir count as a run even when the run directory looks empty.
+    with pytest.raises(RunDirError, match=f"already holds a run \\({ext}\\)"):
+        plan_existing(tmp_path / "new", resume="none", overwrite=False, checkpoint_dir=ext)
+    assert plan_existing(run, resume="none", overwrite=True, checkpoint_dir=ext) == "overwrite"
+    line = apply_plan(run, "overwrite", checkpoint_dir=ext)
+    assert line == (f"--overwrite: removed the previous run's checkpoints, config.json, {ext / 'step_00000004'}, "
+                    f"{ext / 'step_00000006.tmp'} from {run}")
+    assert sorted(p.name for p in run.iterdir()) == ["fabric.json"]
+    assert sorted(p.name for p in ext.iterdir()) == ["notes.txt"]

@@ -196,16 +196,19 @@ def holds_run(directory: Path, bench: bool = False, checkpoint_dir: Path | None 
         runs = sorted(p.name for p in directory.iterdir() if _BENCH_RUN.match(p.name))
         if runs:
             return runs[0]
-    if checkpoint_dir is not None and _checkpoint_entries(checkpoint_dir):
+    if checkpoint_dir is not None and _checkpoint_entries(checkpoint_dir, bench):
         return str(checkpoint_dir)
     return None
 
 
-def _checkpoint_entries(root: Path) -> list[Path]:
+def _checkpoint_entries(root: Path, bench: bool = False) -> list[Path]:
+    """step_<N> entries (complete, .tmp, .damaged-*) in a checkpoint.dir outside the run directory; a benchmark
+    keeps one run_<i>/ per run under it."""
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if _CHECKPOINT_ENTRY.match(p.name)]
-    return found + [p for p in root.iterdir() if _BENCH_RUN.match(p.name) and _checkpoint_entries(p)]
+    if bench:
+        return [e for p in sorted(root.iterdir()) if _BENCH_RUN.match(p.name) for e in _checkpoint_entries(p)]
+    return sorted(p for p in root.iterdir() if _CHECKPOINT_ENTRY.match(p.name))
 
 
 def clear_run(directory: Path, bench: bool = False, checkpoint_dir: Path | None = None) -> list[str]:
@@ -215,7 +218,7 @@ def clear_run(directory: Path, bench: bool = False, checkpoint_dir: Path | None 
         if entry.name in RUN_FILES or (bench and (entry.name in BENCH_FILES or _BENCH_RUN.match(entry.name))):
             shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
             removed.append(entry.name)
-    for entry in _checkpoint_entries(checkpoint_dir) if checkpoint_dir is not None else []:
+    for entry in _checkpoint_entries(checkpoint_dir, bench) if checkpoint_dir is not None else []:
         shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         removed.append(str(entry))
     return removed
@@ -258,7 +261,7 @@ def plan_existing(directory: Path, *, resume: str, overwrite: bool, bench: bool 
         return "overwrite"
     if resume not in ("", "none"):
         return "resume"
-    outside = checkpoint_dir is not None and _checkpoint_entries(checkpoint_dir)
+    outside = checkpoint_dir is not None and _checkpoint_entries(checkpoint_dir, bench)
     if is_default_dir(directory) and not outside:
         return "move"
     raise RunDirError(f"{directory} already holds a run ({found}); pass --resume auto to continue it, --overwrite "
