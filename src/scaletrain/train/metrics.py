@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from scaletrain.train.rundir import dumps_strict
+from scaletrain.train.rundir import dumps_strict, truncate_metrics
 
 
 class MetricsLogger:
@@ -24,7 +24,6 @@ class MetricsLogger:
 
     def __init__(self, run_dir: str | Path, total_steps: int, progress: bool = True, tensorboard: bool = True,
                  start_step: int = 0):
-        from scaletrain.train.rundir import truncate_metrics
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         truncate_metrics(self.run_dir / "metrics.jsonl", start_step)

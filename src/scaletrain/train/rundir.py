@@ -3,7 +3,7 @@
 * `RunDirLock`: an exclusive `fcntl.flock` on `<dir>/.scaletrain.lock`, which holds the owner's pid and host.
   The kernel drops a flock when its process dies (SIGKILL included), so a lock file left behind by a dead run
   is taken over with a warning; a live owner makes the second run refuse with one line.
-* `claim_run_dir`: what to do with a directory that already holds a run. `--resume` continues it,
+* `RunDirClaim`: what to do with a directory that already holds a run. `--resume` continues it,
   `--overwrite` clears the old run's files first, the default directories (`runs/latest`, `runs/bench`) move
   the previous run aside to `<dir>.<N>`, and any other directory is refused. Under torchrun rank 0 decides
   and every rank gets its answer, so a refusal stops all of them.
