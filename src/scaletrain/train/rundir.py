@@ -124,7 +124,10 @@ class RunDirLock:
         except OSError as exc:
             raise RunDirError(f"{self.directory}: cannot use it as a run directory ({exc.strerror})") from None
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise RunDirError(f"{self.path}: cannot create the lock file ({exc.strerror})") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -323,6 +326,8 @@ class RunDirClaim:
                     answer["finished"] = finished_result(self.directory)
             except RunDirError as exc:
                 answer["error"] = str(exc)
+            except OSError as exc:  # reported on every rank: one left behind would wait in a collective
+                answer["error"] = f"{self.directory}: {exc.strerror or exc}"
         answer = share(answer)
         if answer["error"]:
             raise RunDirError(answer["error"])
@@ -331,8 +336,16 @@ class RunDirClaim:
 
     def apply(self) -> None:
         """Rank 0: clear (--overwrite) or move aside (default directory) the previous run, printing what it did."""
+        error = None
         if self.writer:
-            warn(apply_plan(self.directory, self.action, bench=self.bench, checkpoint_dir=self.checkpoint_dir))
+            try:
+                warn(apply_plan(self.directory, self.action, bench=self.bench, checkpoint_dir=self.checkpoint_dir))
+            except OSError as exc:
+                error = f"{self.directory}: cannot {'clear' if self.action == 'overwrite' else 'move'} the previous " \
+                        f"run ({exc.strerror or exc}: {getattr(exc, 'filename', '')})"
+        error = share(error)
+        if error:
+            raise RunDirError(error)
 
 
 def finished_result(directory: Path) -> dict | None:
