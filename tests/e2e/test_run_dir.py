@@ -199,3 +199,16 @@ def test_overwrite_clears_only_run_files_and_outside_checkpoints(tmp_path):
                     f"{ext / 'step_00000006.tmp'} from {run}")
     assert sorted(p.name for p in run.iterdir()) == ["fabric.json"]
     assert sorted(p.name for p in ext.iterdir()) == ["notes.txt"]
+
+
+def test_default_bench_out_moves_the_previous_benchmark_aside(capsys, tmp_path, excerpt_corpus, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs/bench/run_0").mkdir(parents=True)
+    (tmp_path / "runs/bench/summary.json").write_text("{}")
+    args = ["bench", "--runs", "1"] + [a for s in [*tiny_overrides(excerpt_corpus), *TINY] for a in ("--set", s)]
+    code = main(args)
+    err = capsys.readouterr().err.strip()
+    assert code == 0 and err.splitlines()[0] == "moved the previous run in runs/bench to runs/bench.1", err
+    assert (tmp_path / "runs/bench.1/summary.json").read_text() == "{}"
+    summary = strict_load((tmp_path / "runs/bench/summary.json").read_text())
+    assert [r["outcome"] for r in summary["runs"]] == ["budget_exhausted"] and not summary["converged_all"]
