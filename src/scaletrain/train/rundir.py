@@ -151,9 +151,10 @@ class RunDirLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
         self._fd = fd
-        if owner and owner.get("pid") != me["pid"]:
-            gone = "not running" if owner.get("host") == me["host"] and not _alive(int(owner.get("pid", 0))) \
-                else "its lock is free"
+        pid = owner.get("pid")
+        if owner and pid != me["pid"]:
+            dead = isinstance(pid, int) and pid > 0 and owner.get("host") == me["host"] and not _alive(pid)
+            gone = "not running" if dead else "its lock is free"
             return (f"scaletrain: warning: took over the stale lock of {_describe(owner)} in {self.directory} "
                     f"({gone})")
         return None
