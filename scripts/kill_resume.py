@@ -24,9 +24,9 @@ exactly `--max-steps` steps. The script
    every restart that it resumed from exactly the newest complete checkpoint (its first logged step is that
    checkpoint's step + 1; step 1 again would mean it started over);
 4. lets the last attempt finish and asserts that result.json status and steps equal the reference's, that every
-   evaluation loss and every step's training loss, lr and grad norm (the last line per step in metrics.jsonl,
-   since a resumed run re-logs the steps after its checkpoint) are bitwise equal, and that the killed run's MLLOG
-   passes the MLCommons checker (gpt3-proxy rules) with exactly one run_start and one run_stop.
+   evaluation loss and every step's training loss, lr and grad norm in metrics.jsonl are bitwise equal, that
+   metrics.jsonl holds every step once (a resume cuts it back to its checkpoint's step), and that the killed
+   run's MLLOG passes the MLCommons checker (gpt3-proxy rules) with exactly one run_start and one run_stop.
 
 It prints a table of the attempts and a summary (kills that landed during a save, which step every restart
 resumed from), writes `--json` if given, and exits 0 only when every check passed (1 on any mismatch, 2 when the
@@ -151,20 +151,22 @@ def read_records(path: Path) -> tuple[list[dict], int]:
     return records, torn
 
 
-def read_records_from(path: Path, offset: int) -> list[dict]:
-    if not path.is_file():
-        return []
-    with open(path, "rb") as f:
-        f.seek(offset)
-        text = f.read().decode(errors="replace")
+def lines_of(path: Path) -> set[str]:
+    """The lines of metrics.jsonl now (each carries its own time stamp, so a re-logged step is a new line)."""
+    return set(path.read_text(errors="replace").splitlines()) if path.is_file() else set()
+
+
+def read_new_records(path: Path, seen: set[str]) -> list[dict]:
+    """Records written since `seen` was taken: a resume first cuts the file back to its checkpoint's step, so
+    an offset into the old file would point into the middle of the new one."""
     out = []
-    for line in text.splitlines():
-        for cut in (line.find('{"time"'), line.rfind('{"time"')):  # whole line, else what follows a torn record
-            try:
-                out.append(json.loads(line[cut:]))
-                break
-            except ValueError:
-                continue
+    for line in (path.read_text(errors="replace").splitlines() if path.is_file() else []):
+        if line in seen:
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # torn by this attempt's kill
     return out
 
 
@@ -379,7 +381,7 @@ def _kill_and_compare(args, data, workdir, logs, ref_dir, run_dir, ref_proc, t_r
                         "k": rng.randint(1, max(1, min(args.max_save_index, (guard_step - resume_from) // every)))}
             else:
                 plan = {"mode": "delay", "delay": round(rng.uniform(args.min_delay, args.max_delay), 3)}
-        offset = metrics.stat().st_size if metrics.is_file() else 0
+        seen = lines_of(metrics)
         log_path = logs / f"attempt_{i:02d}.log"
         # Soft pacing: attempt i may publish up to its linear share of the run plus two evaluation intervals, so
         # that a fast machine does not use up the steps in a few attempts and leave the rest resuming from the
@@ -389,7 +391,7 @@ def _kill_and_compare(args, data, workdir, logs, ref_dir, run_dir, ref_proc, t_r
             pace = max(pace, resume_from + plan["k"] * every)
         res = run_attempt(cmd, run_dir, log_path, plan, None if final else min(pace, guard_step),
                           args.attempt_timeout * (3 if final else 1))
-        new = read_records_from(metrics, offset)
+        new = read_new_records(metrics, seen)
         first_step = next((int(r["step"]) for r in new if "loss" in r), None)
         observed = None if first_step is None else first_step - 1
         after = scan_checkpoints(run_dir / "checkpoints")
@@ -511,6 +513,10 @@ def _kill_and_compare(args, data, workdir, logs, ref_dir, run_dir, ref_proc, t_r
         failures.append("metrics.jsonl evaluation losses differ from the reference's")
     relogged = sum(1 for r in recs if "loss" in r) - len(steps)
     compare["relogged_steps"] = relogged
+    if relogged or torn:
+        # A resume cuts metrics.jsonl back to its checkpoint's step: the lost attempt's lines must be gone.
+        failures.append(f"metrics.jsonl has {relogged} re-logged step lines and {torn} torn lines (want each step "
+                        f"once)")
     mllog = run_dir / "mllog.txt"
     if mllog.is_file():
         text = mllog.read_text()

@@ -1,6 +1,8 @@
 """Thin command line: parse -> resolve the one Config -> call one function per subcommand.
 
-Every expected failure (bad config, bad data, missing file) ends as ONE line on stderr and exit status 2.
+Every expected failure (bad config, bad data, missing file, a busy or occupied run directory) ends as ONE line
+on stderr and exit status 2. `train`/`bench` exit 0 when the run converged or used up its step budget as asked
+(result.json says which), 1 when it diverged or crashed (train/run.py EXIT_CODES).
 """
 
 from __future__ import annotations
@@ -70,9 +72,8 @@ def cmd_train(args) -> int:
         cfg.train.run_dir = args.run_dir
     if args.dry_run:
         return _dry_run(cfg, args)
-    from scaletrain.train.run import train
-    result = train(cfg)
-    return 0 if result["status"] == "success" else 1
+    from scaletrain.train.run import exit_code, train
+    return exit_code(train(cfg, overwrite=args.overwrite))
 
 
 def _dry_run(cfg, args) -> int:
@@ -92,7 +93,7 @@ def _dry_run(cfg, args) -> int:
 
 def cmd_bench(args) -> int:
     """N MLPerf-style runs with distinct seeds, each log checked, olympic score, summary.json."""
-    from scaletrain.train.run import bench
+    from scaletrain.train.run import bench, bench_exit_code
     if args.benchmark:
         if args.benchmark not in BENCHMARK_PRESETS:
             raise ConfigError(f"--benchmark {args.benchmark}: must be one of {', '.join(BENCHMARK_PRESETS)}")
@@ -107,8 +108,7 @@ def cmd_bench(args) -> int:
         from scaletrain.bench.proxy_base import ensure_proxy_base
         from scaletrain.train.run import default_console
         cfg.checkpoint.init_from = ensure_proxy_base(cfg, default_console())
-    summary = bench(cfg, Path(args.out))
-    return 0 if summary.get("converged_all") and summary.get("compliant_all", True) else 1
+    return bench_exit_code(bench(cfg, Path(args.out), overwrite=args.overwrite))
 
 
 def cmd_bench_check(args) -> int:
@@ -234,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--run-dir", help="run directory (default: train.run_dir)")
     p.add_argument("--resume", help="auto (newest complete checkpoint), none, or a checkpoint directory")
+    p.add_argument("--overwrite", action="store_true",
+                   help="the run directory holds a previous run: delete its files first (default: refuse)")
     p.add_argument("--dry-run", action="store_true",
                    help="validate the parallel layout on a fake process group and estimate memory per GPU; no training")
     p.add_argument("--world-size", type=int, default=0, help="ranks for --dry-run (default: $WORLD_SIZE or 1)")
@@ -250,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "it also picks that benchmark's preset")
     p.add_argument("--out", default="runs/bench", help="output directory (default runs/bench)")
     p.add_argument("--resume", help="auto: keep finished runs, resume the interrupted one from its checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="--out holds a previous benchmark: delete its runs and summary first (default: refuse)")
     p.set_defaults(func=cmd_bench)
     _add_bench_check_parser(p)
 

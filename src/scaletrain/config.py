@@ -271,7 +271,18 @@ class Config:
         return self
 
 
+def _nonfinite(section: Any, prefix: str = ""):
+    """Every float field that is NaN or infinite: NaN passes every `<= 0` range check below, so catch it first."""
+    for f in fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _nonfinite(value, f"{prefix}{f.name}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            yield f"{prefix}{f.name}={value}: must be a finite number"
+
+
 def _problems(c: Config):
+    yield from _nonfinite(c)  # no float field documents inf as meaningful
     m, t, o, b = c.model, c.train, c.optim, c.bench
     if m.arch not in ARCHS:
         yield f"model.arch={m.arch!r}: must be one of {list(ARCHS)}"

@@ -94,7 +94,9 @@ def test_every_command_has_help(capsys):
         assert "usage: scaletrain" in capsys.readouterr().out
 
 
-def test_bench_benchmark_flag(capsys, tmp_path):
+def test_bench_benchmark_flag(capsys, tmp_path, monkeypatch):
+    # A 70B model exceeds most machines' memory, which is checked before the data: pretend this one is big.
+    monkeypatch.setattr("scaletrain.train.host.available_memory_bytes", lambda: 10**15)
     code, err = run_cli(capsys, "bench", "--benchmark", "nope")
     assert code == 2 and err.count("\n") == 0 and "llama2_70b_lora" in err
     # llama2_70b_lora picks its preset (SFT data): the missing GovReport-style data is named, nothing runs.
@@ -102,3 +104,13 @@ def test_bench_benchmark_flag(capsys, tmp_path):
                         "--set", f"data.train_prefix={tmp_path / 'gov'}", "--set", f"data.valid_prefix={tmp_path / 'v'}",
                         "--set", f"data.tokenizer={tmp_path / 't.model'}")
     assert code == 2 and ("gov" in err or "t.model" in err), err
+
+
+@pytest.mark.parametrize("override", ["optim.lr=nan", "train.target_eval_loss=nan", "optim.grad_clip=nan",
+                                      "model.init_std=nan", "checkpoint.interval_minutes=inf", "lora.alpha=-inf"])
+def test_non_finite_config_value_is_one_line(capsys, tmp_path, override):
+    # NaN passes every `<= 0` check; it must be refused by name before anything runs.
+    code, err = run_cli(capsys, "train", "--set", override, "--run-dir", str(tmp_path / "r"))
+    field, value = override.split("=")
+    assert code == 2 and err == f"scaletrain: error: {field}={float(value)}: must be a finite number"
+    assert not (tmp_path / "r").exists()

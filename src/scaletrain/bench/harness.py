@@ -110,8 +110,9 @@ def _check_engine(cfg: Config, engine: Any) -> None:
 
 
 def _write_json(path: Path, data: dict) -> None:
+    from scaletrain.train.rundir import dumps_strict
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.write_text(dumps_strict(data, indent=2) + "\n")  # strict JSON: a NaN loss is null plus "non_finite"
     tmp.replace(path)  # atomic: a reader never sees half a result
 
 
@@ -120,7 +121,9 @@ def run_once(cfg: Config, engine: Engine, run_dir: str | Path, dp_size: int = 1,
     """One timed run of cfg.bench.benchmark with `engine`; writes run_dir/mllog.txt and run_dir/result.json.
 
     Stops with status "success" at the first evaluation <= cfg.train.target_eval_loss, or "aborted" on a
-    non-finite training/eval loss or when the step budget (train.max_steps, 0 = until the decay ends) runs out.
+    non-finite training/eval loss or when the step budget (train.max_steps, 0 = until the decay ends) runs out;
+    result["outcome"] says which: "converged", "diverged", "budget_exhausted" (or "crashed" on an exception,
+    "preempted" when a stop signal saved and ended it unfinished).
     Returns the result dict (also passed to engine.finish). Other exceptions are logged as an aborted run,
     recorded in result.json under "error", passed to engine.finish, and re-raised.
     `writer=False` (every rank but 0 of a distributed run) steps the engine in lockstep and writes no file.
@@ -131,7 +134,7 @@ def run_once(cfg: Config, engine: Engine, run_dir: str | Path, dp_size: int = 1,
     _check_engine(cfg, engine)
     platform = platform or cfg.bench.platform or default_platform(cfg, dp_size)
     plan = Cadence(cfg)
-    state: dict[str, Any] = {"status": None, "reason": None, "steps": 0, "evals": [], "last": {},
+    state: dict[str, Any] = {"status": None, "reason": None, "outcome": None, "steps": 0, "evals": [], "last": {},
                              "t_start": None, "t_stop": None, "error": None}
     resume = (getattr(engine, "resume_info", None) or {}).get("harness") or None
     log_path = run_dir / "mllog.txt" if writer else None
@@ -149,6 +152,7 @@ def run_once(cfg: Config, engine: Engine, run_dir: str | Path, dp_size: int = 1,
             raise
         except BaseException as exc:
             state["error"] = f"{type(exc).__name__}: {exc}"
+            state["outcome"] = "crashed"
             if state["t_start"] is not None and state["t_stop"] is None:
                 state["status"], state["reason"] = C.ABORTED, f"crashed: {state['error']}"
                 state["t_stop"] = log.end(C.RUN_STOP, metadata={"status": C.ABORTED, "reason": state["reason"]})
@@ -228,7 +232,7 @@ def _train_loop(engine, log, state, plan: Cadence, open_block: int | None = None
         except NonFiniteLoss as exc:
             # gpt3 repeats block_start's metadata; lora counts the samples actually trained.
             log.end(C.BLOCK_STOP, metadata=plan.block_meta(first, state["steps"] if plan.lora else stop, stop=True))
-            state["status"], state["reason"] = C.ABORTED, str(exc)
+            state["status"], state["reason"], state["outcome"] = C.ABORTED, str(exc), "diverged"
             break
         log.end(C.BLOCK_STOP, metadata=plan.block_meta(first, stop, stop=True))
 
@@ -243,10 +247,11 @@ def _train_loop(engine, log, state, plan: Cadence, open_block: int | None = None
                                "lr": _num(last.get("lr")), "time_s": (t_eval - state["t_start"]) / 1000.0})
         if not math.isfinite(eval_loss):
             state["status"], state["reason"] = C.ABORTED, f"non-finite eval loss {eval_loss} at step {state['steps']}"
+            state["outcome"] = "diverged"
         elif eval_loss <= target:
-            state["status"] = C.SUCCESS
+            state["status"], state["outcome"] = C.SUCCESS, "converged"
         elif state["steps"] >= limit:
-            state["status"] = C.ABORTED
+            state["status"], state["outcome"] = C.ABORTED, "budget_exhausted"
             state["reason"] = (f"step budget of {limit} steps used up with eval loss {eval_loss:.4f} "
                                f"above the target {target}")
         elif hasattr(engine, "checkpoint_due") and engine.checkpoint_due():
@@ -264,7 +269,7 @@ def _train_loop(engine, log, state, plan: Cadence, open_block: int | None = None
 
 def _end_preempted(cfg, engine, state: dict, plan: Cadence, run_dir: Path, writer: bool, exc: Preempted) -> None:
     # Not an end of the run: no run_stop, and result.json says "preempted" so that a restart resumes it.
-    state["status"], state["reason"] = PREEMPTED, str(exc)
+    state["status"], state["reason"], state["outcome"] = PREEMPTED, str(exc), PREEMPTED
     result = _result(cfg, state, plan, run_dir)
     if writer:
         _write_json(run_dir / "result.json", result)
@@ -280,6 +285,7 @@ def _result(cfg: Config, state: dict, plan: Cadence, run_dir: Path) -> dict:
     t0, t1 = state["t_start"], state["t_stop"]
     return {
         "status": state["status"] or C.ABORTED,
+        "outcome": state["outcome"] or "crashed",
         "time_to_train_s": None if t0 is None or t1 is None else (t1 - t0) / 1000.0,
         "eval_loss": evals[-1]["eval_loss"] if evals else None,
         "steps": state["steps"],

@@ -28,7 +28,7 @@ from scaletrain.model.gpt import loss_sum
 from scaletrain.parallel.layout import Layout
 from scaletrain.train.distributed import init_distributed, local_rank
 from scaletrain.train.grad_norm import align_grad_placements, clip_grads_, total_grad_norm
-from scaletrain.train.host import peak_memory_gib, setup_cpu
+from scaletrain.train.host import check_host_memory, peak_memory_gib, setup_cpu
 from scaletrain.train.metrics import MetricsLogger
 from scaletrain.train.optim import build_optimizer, lr_at, set_lr
 from scaletrain.train.signals import StopSignals
@@ -81,6 +81,8 @@ class Trainer:
         self.device = resolve_device(cfg.train.device)
         self.rank, self.world_size = init_distributed(self.device)
         self.layout = Layout.from_config(cfg, self.world_size)  # raises before any work with every problem
+        if self.device.type == "cpu":
+            check_host_memory(cfg, self.layout)  # a model that cannot fit fails here, not in the allocator
         self.accum = self.global_batch_size // self.layout.dp // self.micro_batch_size
         self.data = datasets if datasets is not None else load_datasets(cfg, self.seed)
         self.eval_tokens = int(self.data.valid.num_label_tokens)

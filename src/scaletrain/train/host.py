@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 
 import torch
 
@@ -44,3 +45,70 @@ def peak_memory_gib(device: torch.device) -> float:
         return torch.cuda.max_memory_allocated(device) / 2**30
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is KiB on Linux
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this process can still get: /proc/meminfo MemAvailable, capped by a cgroup v2 limit; None if unknown."""
+    found = None
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                found = int(line.split()[1]) * 1024
+                break
+    except (OSError, ValueError, IndexError):
+        pass
+    if found is None:
+        try:
+            found = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    try:  # a container's limit is lower than the machine's free memory
+        limit = open("/sys/fs/cgroup/memory.max").read().strip()
+        used = int(open("/sys/fs/cgroup/memory.current").read())
+        if limit != "max":
+            found = min(found, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return found
+
+
+def training_state_bytes(cfg, shards: int = 1) -> int:
+    """A lower bound on one rank's training state: fp32 weights, gradients and two Adam moments (16 bytes per
+    trained parameter; a LoRA run's frozen base needs its 4-byte weights only), divided over `shards` ranks."""
+    from scaletrain.model.flops import lora_params, num_params
+    base = num_params(cfg.model)
+    if cfg.lora.rank > 0:
+        total = 4 * base + 16 * lora_params(cfg.model, cfg.lora.rank, tuple(cfg.lora.targets))
+    else:
+        total = 16 * base
+    return total // max(1, shards)
+
+
+def check_host_memory(cfg, layout) -> None:
+    """Refuse, before anything is allocated, a CPU run whose training state cannot fit in this machine's memory.
+
+    Without it the model build ends in an allocator traceback or the OOM killer. Activations are not counted,
+    so a run refused here could never have fit. Raises ConfigError (exit 2) with the estimate.
+    """
+    from scaletrain.config import ConfigError
+    shards = layout.dp_shard * layout.cp * layout.tp * layout.pp  # what FSDP, TP and PP split the weights over
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    need = training_state_bytes(cfg, shards) * local_ranks
+    have = available_memory_bytes()
+    problem = None
+    if have is not None and need > have:
+        what = "fp32 weights + LoRA adapters with Adam" if cfg.lora.rank > 0 else "fp32 weights, gradients and Adam"
+        per = f" ({local_ranks} ranks on this machine, 1/{shards} each)" if local_ranks > 1 or shards > 1 else ""
+        problem = (f"{cfg.preset or 'this model'} needs ~{_human(need)} for {what}{per}; this machine has "
+                   f"{_human(have)} available")
+    from scaletrain.train.rundir import share
+    problem = share(problem)  # rank 0's reading decides for all: a rank left behind would hang in a collective
+    if problem:
+        raise ConfigError(problem)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
+        if n < 1000 or unit == "PB":
+            return f"{n:.1f} {unit}" if unit in ("TB", "PB") else f"{n:.0f} {unit}"
+        n /= 1000

@@ -21,23 +21,37 @@ def _make_engine(cfg: Config, seed: int, run_dir: Path):
     return Trainer(cfg, run_dir, seed=seed)
 
 
-def train(cfg: Config, console: Console | None = None) -> dict:
+def train(cfg: Config, console: Console | None = None, overwrite: bool = False) -> dict:
     """One run to the target: config.json, metrics.jsonl, mllog.txt, result.json and TensorBoard in train.run_dir.
 
-    Under torchrun every rank trains; rank 0 alone writes files and prints.
+    Under torchrun every rank trains; rank 0 alone writes files and prints. The run directory is locked for the
+    run; one that holds another run is refused unless resumed or `overwrite` (see train/rundir.py), and
+    resuming (auto) a run that already finished returns its result without training again.
     """
     from scaletrain.bench.harness import run_once
-    from scaletrain.train.distributed import is_writer
+    from scaletrain.train.distributed import init_distributed, is_writer
+    from scaletrain.train.engine import resolve_device
+    from scaletrain.train.rundir import RunDirClaim
     console = console or default_console()
     run_dir = Path(cfg.train.run_dir)
-    engine = _make_engine(cfg, cfg.train.seed, run_dir)  # joins the process group and validates the layout
+    init_distributed(resolve_device(cfg.train.device))
     writer = is_writer()
-    if writer:
-        cfg.save(run_dir)
-        console.print(f"layout: {engine.layout.describe()} ({engine.layout.data_parallel_kind}), "
-                      f"device {engine.device}")
-    result = run_once(cfg, engine, run_dir, dp_size=engine.layout.dp, platform=cfg.bench.platform or engine.platform,
-                      writer=writer)
+    with RunDirClaim(run_dir, writer=writer, resume=cfg.checkpoint.resume, overwrite=overwrite,
+                     checkpoint_dir=Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None) as claim:
+        engine = _make_engine(cfg, cfg.train.seed, run_dir)  # validates the layout and the data first
+        finished = claim.decide()
+        if finished is not None:
+            if writer:
+                console.print(f"{run_dir} already finished ({finished['status']}, {outcome_of(finished)}); nothing "
+                              f"to train (--overwrite starts it again)", soft_wrap=True)
+            return finished
+        claim.apply()
+        if writer:
+            cfg.save(run_dir)
+            console.print(f"layout: {engine.layout.describe()} ({engine.layout.data_parallel_kind}), "
+                          f"device {engine.device}")
+        result = run_once(cfg, engine, run_dir, dp_size=engine.layout.dp,
+                          platform=cfg.bench.platform or engine.platform, writer=writer)
     if not writer:
         return result
     table = Table(title=f"scaletrain train ({cfg.preset or 'custom'})")
@@ -50,18 +64,59 @@ def train(cfg: Config, console: Console | None = None) -> dict:
     return result
 
 
-def bench(cfg: Config, out_dir: Path, console: Console | None = None) -> dict:
-    """cfg.bench.runs runs with distinct seeds under out_dir/run_i, checked and scored into summary.json."""
+# Exit status of `train` and `bench` by outcome (README "Exit status"): a run that stopped as configured is not a
+# failure, so `torchrun --max-restarts` and schedulers do not restart it; 2 (bad input) comes from the CLI.
+EXIT_CODES = {"converged": 0, "budget_exhausted": 0, "diverged": 1, "crashed": 1}
+
+
+def outcome_of(result: dict) -> str:
+    """result.json's "outcome", derived from status/reason/error for results written before it existed."""
+    if result.get("outcome"):
+        return result["outcome"]
+    if result.get("error"):
+        return "crashed"
+    if result.get("status") == "success":
+        return "converged"
+    return "budget_exhausted" if str(result.get("reason") or "").startswith("step budget") else "diverged"
+
+
+def exit_code(result: dict) -> int:
+    """0 = converged or stopped by the step budget, 1 = diverged or crashed."""
+    return EXIT_CODES.get(outcome_of(result), 1)
+
+
+def bench_exit_code(summary: dict) -> int:
+    """0 unless a run diverged or crashed, or a log failed the compliance check (not converging is a score)."""
+    if any(exit_code(r) for r in summary.get("runs", [])):
+        return 1
+    return 1 if summary.get("compliant_all") is False else 0
+
+
+def bench(cfg: Config, out_dir: Path, console: Console | None = None, overwrite: bool = False) -> dict:
+    """cfg.bench.runs runs with distinct seeds under out_dir/run_i, checked and scored into summary.json.
+
+    out_dir is locked and treated like a run directory (train/rundir.py): one that holds another benchmark is
+    refused unless --resume auto (keep finished runs) or `overwrite`; the default runs/bench is moved aside.
+    """
     from scaletrain.bench.harness import run_benchmark
     from scaletrain.parallel.layout import Layout
     from scaletrain.train.distributed import init_distributed, is_writer
     from scaletrain.train.engine import resolve_device
+    from scaletrain.train.rundir import RunDirClaim
     device = resolve_device(cfg.train.device)
     _, world = init_distributed(device)
     layout = Layout.from_config(cfg, world)  # every layout problem before the first run directory is made
+    if device.type == "cpu":
+        from scaletrain.train.host import check_host_memory
+        check_host_memory(cfg, layout)
     name = torch_device_name(device)
-    return run_benchmark(cfg, _make_engine, out_dir, console=console or default_console(), dp_size=layout.dp,
-                         platform=cfg.bench.platform or f"{world}x{name}", writer=is_writer())
+    writer = is_writer()
+    with RunDirClaim(out_dir, writer=writer, resume=cfg.checkpoint.resume, overwrite=overwrite, bench=True,
+                     checkpoint_dir=Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None, flag="--out") as claim:
+        claim.decide()
+        claim.apply()
+        return run_benchmark(cfg, _make_engine, out_dir, console=console or default_console(), dp_size=layout.dp,
+                             platform=cfg.bench.platform or f"{world}x{name}", writer=writer)
 
 
 def torch_device_name(device) -> str:
