@@ -19,6 +19,7 @@ from pathlib import Path
 from scaletrain.checkpoint.store import CheckpointError
 
 MLLOG = "mllog.txt"
+_MARK = "# scaletrain: resumed from "
 # Settings a resumed run may change but that make it a different experiment from the one saved.
 _WATCHED = (("train", "global_batch_size"), ("train", "seed"), ("train", "dtype"))
 
@@ -62,6 +63,8 @@ def _is_log_of(path: Path, size: int, t_start: int) -> bool:
         return False
     with open(path, "rb") as f:
         head = f.read(size).decode("utf-8", errors="replace")
+    if head.startswith(_MARK):  # a log this module started without its beginning: the run continues it
+        return True
     for line in head.splitlines():
         at = line.find(TOKEN)
         if at >= 0 and '"run_start"' in line:
@@ -83,6 +86,9 @@ def restore_mllog(log_path: Path, checkpoint: Path | None, info: dict) -> None:
     harness = info["harness"]
     size, t_start = int(harness["mllog_bytes"]), int(harness["t_start"])
     candidates = _source_logs(log_path, checkpoint, info)
+    if log_path.exists() and not _is_log_of(log_path, size, t_start):
+        raise CheckpointError(f"{log_path}: not the MLLOG of the run that saved {checkpoint} (no run_start at "
+                              f"time_ms {t_start} in its first {size} bytes); resume into a new run directory")
     for source in candidates:
         if not _is_log_of(source, size, t_start):
             continue
@@ -96,10 +102,7 @@ def restore_mllog(log_path: Path, checkpoint: Path | None, info: dict) -> None:
         tmp.write_bytes(head)
         os.replace(tmp, log_path)
         return
-    if log_path.exists():
-        raise CheckpointError(f"{log_path}: not the MLLOG of the run that saved {checkpoint} (no run_start at "
-                              f"time_ms {t_start} in its first {size} bytes); resume into a new run directory")
     tried = ", ".join(str(c) for c in candidates[1:]) or "none known"
-    log_path.write_text(f"# scaletrain: resumed from {checkpoint} at step {harness['steps']}; the MLLOG before it "
+    log_path.write_text(f"{_MARK}{checkpoint} at step {harness['steps']}; the MLLOG before it "
                         f"({size} bytes; looked in: {tried}) was not found, so this log is incomplete\n")
     _warn(f"resuming {checkpoint}: its run's MLLOG was not found ({tried}); {log_path} starts incomplete")
