@@ -220,3 +220,30 @@ def test_rng_state_of_wrong_shape_is_one_line(excerpt_corpus, saved, tmp_path):
         trainer.init()
     assert "rng_rank0.pt: not an RNG state" in str(err.value) and "\n" not in str(err.value)
     assert os.path.isfile(ckpt / "rng_rank0.pt")
+
+
+def test_init_from_loop_in_a_lora_checkpoint_is_one_line(excerpt_corpus, tmp_path, capsys):
+    """A LoRA checkpoint names its base in its config; one naming itself is refused, not a RecursionError."""
+    run = tmp_path / "lora"
+    trainer = Trainer(tiny_config(excerpt_corpus, run, "lora.rank=4", "lora.alpha=8"), run)
+    trainer.init()
+    trainer.save_checkpoint({})
+    ckpt = run / "checkpoints" / "step_00000000"
+    info = json.loads((ckpt / "trainer.json").read_text())
+    info["config"]["checkpoint"]["init_from"] = str(run)
+    (ckpt / "trainer.json").write_text(json.dumps(info))
+    _rehash(ckpt, "trainer.json")
+    assert main(["export", str(ckpt), "--hf", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "checkpoint.init_from leads back to this checkpoint" in err
+
+
+def test_init_from_a_garbage_hf_directory_is_one_line(excerpt_corpus, tmp_path, capsys):
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text('{"model_type": "gpt2"')
+    (hf / "model.safetensors").write_bytes(b"\x00" * 64)
+    over = [a for o in tiny_overrides(excerpt_corpus) for a in ("--set", o)]
+    assert main(["train", "--set", f"checkpoint.init_from={hf}", "--run-dir", str(tmp_path / "r"), *over]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"checkpoint.init_from={hf}:" in err
