@@ -247,3 +247,24 @@ def test_init_from_a_garbage_hf_directory_is_one_line(excerpt_corpus, tmp_path, 
     assert main(["train", "--set", f"checkpoint.init_from={hf}", "--run-dir", str(tmp_path / "r"), *over]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"checkpoint.init_from={hf}:" in err
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda md: setattr(next(iter(md.storage_data.values())), "relative_path", "../../etc/passwd"),
+     "points at '../../etc/passwd', not a shard of this checkpoint"),
+    (lambda md: setattr(next(iter(md.storage_data.values())), "transform_descriptors", ["zstd/1"]),
+     "unexpected transforms"),
+    (lambda md: md.state_dict_metadata.update({7: None}), "entry 7 is a NoneType"),
+])
+def test_metadata_of_allowed_classes_but_wrong_content_is_refused(saved, tmp_path, edit, needle):
+    """Only DCP classes, yet pointing outside the checkpoint or asking for a decoder: refused by name."""
+    from scaletrain.checkpoint.safe_load import read_metadata
+    from scaletrain.checkpoint.store import CheckpointError
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(_ckpt(saved), ckpt)
+    md = read_metadata(ckpt)
+    edit(md)
+    (ckpt / ".metadata").write_bytes(pickle.dumps(md, protocol=4))
+    with pytest.raises(CheckpointError) as err:
+        read_metadata(ckpt)
+    assert str(err.value).startswith(f"{ckpt / '.metadata'}: not DCP metadata") and needle in str(err.value)

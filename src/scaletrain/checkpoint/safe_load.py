@@ -74,7 +74,7 @@ def _reason(exc: BaseException) -> str:
 def read_metadata(directory: Path):
     """DCP Metadata of a checkpoint, unpickled with the restricted unpickler and checked; CheckpointError if not."""
     from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import Metadata
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
     path = Path(directory) / ".metadata"
     try:
         md = _MetadataOnly(io.BytesIO(path.read_bytes())).load()
@@ -85,6 +85,10 @@ def read_metadata(directory: Path):
     if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict) or not isinstance(
             md.storage_data, dict):
         raise CheckpointError(f"{path}: not DCP metadata (a {type(md).__name__}, not a complete Metadata)")
+    for key, item in md.state_dict_metadata.items():
+        tensor = isinstance(item, TensorStorageMetadata) and isinstance(item.size, torch.Size)
+        if not isinstance(key, str) or not (tensor or isinstance(item, BytesStorageMetadata)):
+            raise CheckpointError(f"{path}: not DCP metadata (entry {key!r} is a {type(item).__name__})")
     for info in md.storage_data.values():
         if not isinstance(info, _StorageInfo) or not isinstance(info.relative_path, str) or not _SHARD.match(
                 info.relative_path):
