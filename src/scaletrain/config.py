@@ -206,7 +206,9 @@ class CheckpointConfig:
     resume: str = "none"
     """"none", "auto" (newest complete checkpoint in dir, if any) or a checkpoint directory."""
     verify: str = "sha256"
-    """Check before loading: "sha256" (every file's hash) or "size" (presence and sizes; for huge checkpoints)."""
+    """Check before loading: "sha256" (every file's hash) or "size" (presence and sizes; for huge checkpoints).
+    Only "sha256" catches flipped bytes; with "size" a damaged shard loads, and a divergence after it names the
+    checkpoint it resumed from."""
     init_from: str = ""
     """Start weights (untimed init): a scaletrain checkpoint or run directory, or a Hugging Face directory; the
     frozen base of a LoRA run. Empty: the seed's random init."""

@@ -69,7 +69,7 @@ def test_bit_flip_is_detected_and_auto_falls_back(excerpt_corpus, run_copy, caps
     with pytest.raises(CheckpointError, match=r"distcp: sha256 differs"):
         _finder(excerpt_corpus, run_copy).find(str(_ckpt(run_copy, 4)))
     assert _finder(excerpt_corpus, run_copy).find("auto") == _ckpt(run_copy, 2)
-    assert "skipping damaged checkpoint" in capsys.readouterr().out
+    assert "skipping damaged checkpoint" in capsys.readouterr().err
     # Moved aside, not deleted and not in the way of the next save of step 4.
     assert not _ckpt(run_copy, 4).exists() and len(list((run_copy / "checkpoints").glob("step_00000004.damaged-*"))) == 1
 
@@ -85,7 +85,8 @@ def test_missing_shard_names_the_file(excerpt_corpus, run_copy):
 @pytest.mark.parametrize("override,needle", [
     ("model.d_model=128", "has shape"),
     ("model.vocab_multiple=1000", "embed.tok.weight has shape"),  # padded vocabulary 2000 rows
-    ("model.n_layers=3", "has no tensor 'blocks.2."),
+    # One tensor count more or less is named with both counts (a 3-layer checkpoint into 2 layers: test below).
+    ("model.n_layers=3", "the checkpoint's model has 29 tensors, the model being built has 41 (e.g. 'blocks.2."),
 ])
 def test_checkpoint_of_another_model_is_refused(excerpt_corpus, run_copy, override, needle):
     before = _snapshot(run_copy)
@@ -112,7 +113,7 @@ def test_full_disk_during_save_keeps_earlier_checkpoints(excerpt_corpus, run_cop
     with pytest.raises(CheckpointError) as err:
         trainer.save_checkpoint({})
     msg = str(err.value)
-    assert "step 5" in msg and "No space left on device" in msg and "\n" not in msg
+    assert "step 5" in msg and "ENOSPC (No space left on device)" in msg and "\n" not in msg
     assert not list((run_copy / "checkpoints").glob("*.tmp"))
     assert _snapshot(run_copy) == before
     for path in complete_checkpoints(run_copy / "checkpoints"):
@@ -179,3 +180,124 @@ def test_nan_loss_aborts_and_leaves_checkpoints_intact(excerpt_corpus, tmp_path,
     saved = complete_checkpoints(run / "checkpoints")
     assert [p.name for p in saved] == ["step_00000010"]
     verify(saved[0])
+
+
+def test_unpublished_step_dir_is_moved_aside_by_auto(excerpt_corpus, run_copy, capsys):
+    """An interrupted publish (step_<N> without manifest.json) must not block every later resume at step N."""
+    cut = _ckpt(run_copy, 6)
+    shutil.copytree(_ckpt(run_copy, 4), cut)
+    (cut / "manifest.json").unlink()
+    assert _finder(excerpt_corpus, run_copy).find("auto") == _ckpt(run_copy, 4)
+    err = capsys.readouterr().err
+    assert f"warning: skipping incomplete checkpoint {cut} (no manifest.json); moved to {cut}.damaged-" in err
+    assert not cut.exists() and len(list(cut.parent.glob("step_00000006.damaged-*"))) == 1
+
+
+def test_save_moves_an_unpublished_dir_of_its_step_aside(excerpt_corpus, run_copy, capsys):
+    cfg = tiny_config(excerpt_corpus, run_copy, f"checkpoint.resume={_ckpt(run_copy, 4)}", "checkpoint.keep=0")
+    trainer = Trainer(cfg, run_copy)
+    trainer.init()
+    trainer.train_step()
+    cut = _ckpt(run_copy, 5)
+    shutil.copytree(_ckpt(run_copy, 4), cut)
+    (cut / "manifest.json").unlink()
+    trainer.save_checkpoint({})
+    assert verify(cut)["step"] == 5
+    assert "in the way of this save; moved to" in capsys.readouterr().err
+    assert len(list(cut.parent.glob("step_00000005.damaged-*"))) == 1
+
+
+def test_checkpoint_with_more_tensors_is_refused(excerpt_corpus, tmp_path):
+    """A 3-layer checkpoint must not load silently into a 2-layer model (every tensor of the 2-layer one exists)."""
+    big = tmp_path / "big"
+    trainer = Trainer(tiny_config(excerpt_corpus, big, "model.n_layers=3"), big)
+    trainer.init()
+    trainer.save_checkpoint({})
+    cfg = tiny_config(excerpt_corpus, tmp_path / "small", f"checkpoint.resume={_ckpt(big, 0)}")
+    with pytest.raises(CheckpointError) as err:
+        Trainer(cfg, tmp_path / "small").init()
+    msg = str(err.value)
+    assert "the checkpoint's model has 41 tensors, the model being built has 29" in msg and "\n" not in msg
+    assert "'blocks.2." in msg and "only in the checkpoint" in msg
+
+
+def test_changed_batch_size_seed_and_dtype_warn(excerpt_corpus, run_copy, capsys):
+    cfg = tiny_config(excerpt_corpus, run_copy / "x", f"checkpoint.resume={_ckpt(run_copy, 4)}", "train.seed=7",
+                      "train.global_batch_size=32", "train.dtype=bf16")
+    trainer = Trainer(cfg, run_copy / "x")
+    trainer.init()
+    assert trainer.step == 4
+    lines = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert lines == [f"scaletrain: warning: resuming {_ckpt(run_copy, 4)} with changed settings: "
+                     "train.global_batch_size 16 -> 32, train.seed 1234 -> 7, train.dtype fp32 -> bf16"]
+
+
+def test_size_verification_misses_flipped_bytes_only_sha256_catches_them(excerpt_corpus, run_copy):
+    """What the README says about checkpoint.verify="size": a flipped byte keeps the size."""
+    shard = sorted(_ckpt(run_copy, 4).glob("*.distcp"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    shard.write_bytes(bytes(data))
+    assert verify(_ckpt(run_copy, 4), "size")["step"] == 4
+    with pytest.raises(CheckpointError, match="sha256 differs"):
+        verify(_ckpt(run_copy, 4), "sha256")
+
+
+def test_non_finite_loss_after_a_resume_names_the_checkpoint(excerpt_corpus, tmp_path, monkeypatch):
+    import math
+
+    from scaletrain.bench.harness import run_once
+    run = tmp_path / "run"
+    cfg = tiny_config(excerpt_corpus, run, "checkpoint.interval_steps=1", "train.max_steps=11")
+    run_once(cfg, Trainer(cfg, run), run)
+    real = Trainer._forward_backward
+
+    def poisoned(self, batches):
+        value = real(self, batches)
+        return math.nan if self.step == 10 else value
+    monkeypatch.setattr(Trainer, "_forward_backward", poisoned)
+    cfg = tiny_config(excerpt_corpus, run, "checkpoint.resume=auto", "checkpoint.verify=size", "train.max_steps=11")
+    result = run_once(cfg, Trainer(cfg, run), run)
+    assert result["status"] == "aborted"
+    assert result["reason"] == f"non-finite training loss nan at step 11 (resumed from {_ckpt(run, 10)})"
+
+
+_FSIZE_SCRIPT = """
+import resource, signal, sys
+from scaletrain.checkpoint.store import CheckpointError
+from scaletrain.config import resolve
+from scaletrain.train.engine import Trainer
+cfg = resolve("gpt3-proxy", overrides=sys.argv[2:])
+trainer = Trainer(cfg, sys.argv[1])
+trainer.init()
+trainer.train_step()
+trainer.save_checkpoint({})
+# Files may not grow past 64 KiB from here on; with SIGXFSZ ignored, write() fails with EFBIG.
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+trainer.train_step()
+try:
+    trainer.save_checkpoint({})
+except CheckpointError as exc:
+    print(exc)
+    sys.exit(3)
+"""
+
+
+def test_file_size_limit_during_save_names_efbig_and_keeps_earlier(excerpt_corpus, tmp_path):
+    import subprocess
+    import sys
+
+    from test_train_e2e import tiny_overrides
+    run = tmp_path / "run"
+    over = [*tiny_overrides(excerpt_corpus), f"train.run_dir={run}"]
+    proc = subprocess.run([sys.executable, "-c", _FSIZE_SCRIPT, str(run), *over], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    msg = proc.stdout.strip()
+    assert len(msg.splitlines()) == 1 and "checkpoint save at step 2" in msg and "EFBIG (File too large)" in msg
+    assert [p.name for p in complete_checkpoints(run / "checkpoints")] == ["step_00000001"]
+    assert not list((run / "checkpoints").glob("*.tmp"))
+    trainer = Trainer(tiny_config(excerpt_corpus, run, "checkpoint.resume=auto"), run)
+    trainer.init()
+    assert trainer.step == 1

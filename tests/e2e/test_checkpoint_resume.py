@@ -61,3 +61,40 @@ def test_crash_and_resume_is_bit_exact_and_log_stays_valid(excerpt_corpus, tmp_p
     assert log.count('"key": "run_start"') == 1 and log.count('"key": "run_stop"') == 1
     assert check_log(run / "mllog.txt", cfg.bench.benchmark).ok
     assert json.loads((run / "result.json").read_text())["time_to_train_s"] > 0
+
+
+def test_resume_explicit_checkpoint_into_a_new_run_directory(excerpt_corpus, tmp_path, monkeypatch, capsys):
+    """The new run directory's MLLOG continues the saved run's (copied up to the checkpoint): one run_start."""
+    from scaletrain.checkpoint.store import CheckpointError
+    run = tmp_path / "run"
+    with pytest.raises(Crash):
+        _run(excerpt_corpus, run, crash_at=15, monkeypatch=monkeypatch)
+    ckpt = run / "checkpoints" / "step_00000010"
+    size = json.loads((ckpt / "trainer.json").read_text())["harness"]["mllog_bytes"]
+    head = (run / "mllog.txt").read_bytes()[:size]
+
+    new = tmp_path / "new"
+    result, cfg = _run(excerpt_corpus, new, f"checkpoint.resume={ckpt}", "train.max_steps=20")
+    assert result["steps"] == 20 and result["error"] is None
+    log = (new / "mllog.txt").read_bytes()
+    assert log[:size] == head and log.count(b'"key": "run_start"') == 1 and log.count(b'"key": "run_stop"') == 1
+    assert check_log(new / "mllog.txt", cfg.bench.benchmark).ok
+
+    # A run directory holding another run's log is never overwritten.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "mllog.txt").write_text(":::MLLOG {}\n" * 1000)
+    with pytest.raises(CheckpointError) as err:
+        _run(excerpt_corpus, other, f"checkpoint.resume={ckpt}", "train.max_steps=20")
+    assert "not the MLLOG of the run that saved" in str(err.value) and "\n" not in str(err.value)
+    assert (other / "mllog.txt").read_text() == ":::MLLOG {}\n" * 1000
+
+    # The saved run's log is gone: the run still resumes, its log says it is incomplete (and fails the checker).
+    (run / "mllog.txt").unlink()
+    capsys.readouterr()
+    lost = tmp_path / "lost"
+    result, cfg = _run(excerpt_corpus, lost, f"checkpoint.resume={ckpt}", "train.max_steps=20")
+    assert result["steps"] == 20 and result["error"] is None
+    assert "its run's MLLOG was not found" in capsys.readouterr().err
+    assert (lost / "mllog.txt").read_text().startswith(f"# scaletrain: resumed from {ckpt} at step 10;")
+    assert not check_log(lost / "mllog.txt", cfg.bench.benchmark).ok

@@ -140,9 +140,10 @@ def run_once(cfg: Config, engine: Engine, run_dir: str | Path, dp_size: int = 1,
     log_path = run_dir / "mllog.txt" if writer else None
     if resume and writer:
         # Back to where the checkpoint was taken: events after it (the crashed part of the run) are dropped,
-        # and the log continues the same run_start; the restart's time stays inside time to train.
-        with open(log_path, "r+b") as f:
-            f.truncate(int(resume["mllog_bytes"]))
+        # and the log continues the same run_start; the restart's time stays inside time to train. Resumed into
+        # another run directory, the log is copied from the checkpoint's run.
+        from scaletrain.checkpoint.resume import restore_mllog
+        restore_mllog(log_path, getattr(engine, "resume_path", None), engine.resume_info)
     log = MLLogWriter(log_path, mode="a" if resume else "w")
     try:
         try:
@@ -232,7 +233,8 @@ def _train_loop(engine, log, state, plan: Cadence, open_block: int | None = None
         except NonFiniteLoss as exc:
             # gpt3 repeats block_start's metadata; lora counts the samples actually trained.
             log.end(C.BLOCK_STOP, metadata=plan.block_meta(first, state["steps"] if plan.lora else stop, stop=True))
-            state["status"], state["reason"], state["outcome"] = C.ABORTED, str(exc), "diverged"
+            state["status"], state["reason"] = C.ABORTED, str(exc) + _resumed_from(engine)
+            state["outcome"] = "diverged"
             break
         log.end(C.BLOCK_STOP, metadata=plan.block_meta(first, stop, stop=True))
 
@@ -246,7 +248,8 @@ def _train_loop(engine, log, state, plan: Cadence, open_block: int | None = None
                                "eval_loss": eval_loss, "train_loss": _num(last.get("loss")),
                                "lr": _num(last.get("lr")), "time_s": (t_eval - state["t_start"]) / 1000.0})
         if not math.isfinite(eval_loss):
-            state["status"], state["reason"] = C.ABORTED, f"non-finite eval loss {eval_loss} at step {state['steps']}"
+            state["status"], state["reason"] = C.ABORTED, (f"non-finite eval loss {eval_loss} at step {state['steps']}"
+                                                          + _resumed_from(engine))
             state["outcome"] = "diverged"
         elif eval_loss <= target:
             state["status"], state["outcome"] = C.SUCCESS, "converged"
@@ -274,6 +277,12 @@ def _end_preempted(cfg, engine, state: dict, plan: Cadence, run_dir: Path, write
     if writer:
         _write_json(run_dir / "result.json", result)
     engine.finish(result)  # publishes an asynchronous save of the signal's checkpoint
+
+
+def _resumed_from(engine) -> str:
+    # A resumed run that diverges may have loaded damaged weights (checkpoint.verify="size" misses flipped bytes).
+    path = getattr(engine, "resume_path", None)
+    return f" (resumed from {path})" if path else ""
 
 
 def _num(x: Any) -> float | None:

@@ -33,28 +33,42 @@ def _newest_checkpoint(path: Path) -> Path | None:
     return None
 
 
-def read_base_state(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """(model config, plain full state dict) of the weights at `path`; adapters merged in if it has any."""
+def read_base_state(path: str | Path, _chain: tuple = ()) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """(model config, plain full state dict) of the weights at `path`; adapters merged in if it has any.
+
+    A scaletrain checkpoint is read as data only (checkpoint/safe_load.py), like a resume.
+    """
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"checkpoint.init_from={path}: no such file or directory")
     if (p / "config.json").is_file() and (p / "model.safetensors").is_file():
-        arch = json.loads((p / "config.json").read_text()).get("model_type", "")
-        if arch == "llama":
-            from scaletrain.checkpoint.hf_llama import import_llama_hf
-            return import_llama_hf(p)
-        from scaletrain.checkpoint.hf import import_hf
-        return import_hf(p)
+        return _read_hf(p)
     ckpt = _newest_checkpoint(p)
     if ckpt is None:
         raise CheckpointError(f"checkpoint.init_from={path}: neither a Hugging Face directory nor a directory "
                               "holding a complete scaletrain checkpoint")
     from scaletrain.checkpoint.checkpointer import load_full_model
-    cfg, model = load_full_model(ckpt)
+    cfg, model = load_full_model(ckpt, _chain=_chain)
     if cfg.lora.rank > 0:
         from scaletrain.model.lora import merge_lora
         merge_lora(model)
     return cfg.model, {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def _read_hf(p: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    from safetensors import SafetensorError
+    try:
+        hf = json.loads((p / "config.json").read_text())
+        if not isinstance(hf, dict):
+            raise ValueError(f"{p / 'config.json'}: not a JSON object")
+        if hf.get("model_type", "") == "llama":
+            from scaletrain.checkpoint.hf_llama import import_llama_hf
+            return import_llama_hf(p)
+        from scaletrain.checkpoint.hf import import_hf
+        return import_hf(p)
+    except (ValueError, TypeError, KeyError, SafetensorError) as exc:  # a file that is not what it claims to be
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"checkpoint.init_from={p}: {text}") from None
 
 
 def check_compatible(want: ModelConfig, have: ModelConfig, where: str) -> None:

@@ -13,8 +13,10 @@ the weight and its optimizer state, so any layout finds what it needs.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -56,8 +58,12 @@ def _cause(exc: BaseException) -> str:
         exc = next(iter(failures.values()))
         if isinstance(exc, tuple) and exc and isinstance(exc[0], BaseException):  # (exception, traceback summary)
             exc = exc[0]
+    if isinstance(exc, CheckpointError):
+        return str(exc)
     if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
+        # The symbolic name too (ENOSPC, EFBIG, EDQUOT): it is what an operator searches for.
+        code = errno.errorcode.get(exc.errno, "") if exc.errno else ""
+        return f"{code} ({exc.strerror})" if code else exc.strerror
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -127,6 +133,9 @@ class Checkpointer:
         tmp = final.with_name(final.name + ".tmp")
         rank = _rank()
         if rank == 0:
+            if final.exists() and not (final / store.MANIFEST).exists():
+                # A publish cut short (or a partial copy): never loadable, so it may not block this save.
+                store.move_aside(final, f"{final}: incomplete checkpoint (no {store.MANIFEST}) in the way of this save")
             if final.exists():
                 raise CheckpointError(f"{final}: already exists; refusing to overwrite a complete checkpoint")
             if tmp.exists():
@@ -139,14 +148,17 @@ class Checkpointer:
         try:
             my_files = self._write_sidecars(tmp, info, rank)
             writer = FileSystemWriter(tmp, sync_files=True)
-            if self.async_save:
-                if self._async_group is None and dist.is_initialized():
-                    self._async_group = dist.new_group(backend="gloo")  # keeps DCP's collectives off training's
-                future = dcp.async_save(flat, storage_writer=writer, process_group=self._async_group)
-                self._pending = (future, tmp, final, info, my_files)
-            else:
-                dcp.save(flat, storage_writer=writer)
-                self._publish(tmp, final, info, my_files)
+            with warnings.catch_warnings():
+                # One process without a process group is a supported case, not worth a warning on every save.
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+                if self.async_save:
+                    if self._async_group is None and dist.is_initialized():
+                        self._async_group = dist.new_group(backend="gloo")  # DCP's collectives off training's
+                    future = dcp.async_save(flat, storage_writer=writer, process_group=self._async_group)
+                    self._pending = (future, tmp, final, info, my_files)
+                else:
+                    dcp.save(flat, storage_writer=writer)
+                    self._publish(tmp, final, info, my_files)
         except (Exception, _dcp_exception()) as exc:  # OSError, or DCP's wrapper (a BaseException) around it
             self._abandon(tmp)
             raise CheckpointError(f"checkpoint save at step {step} into {tmp} failed: {_cause(exc)}; "
@@ -220,17 +232,17 @@ class Checkpointer:
         if _rank() == 0:
             try:
                 if resume == "auto":
+                    # Set aside (kept for inspection), never loaded: left in place, a damaged or unpublished
+                    # step_<N> would block the save of its step.
+                    for path in store.unpublished(self.root):
+                        store.move_aside(path, f"skipping incomplete checkpoint {path} (no {store.MANIFEST})")
                     for path in reversed(store.complete_checkpoints(self.root)):
                         try:
                             store.verify(path, self.verify_mode)
                             found = str(path)
                             break
                         except CheckpointError as exc:
-                            # Set aside (kept for inspection): left in place it would block the save of its step.
-                            aside = path.with_name(f"{path.name}.damaged-{int(time.time())}")
-                            os.replace(path, aside)
-                            print(f"scaletrain: warning: skipping damaged checkpoint: {exc}; moved to {aside}",
-                                  flush=True)
+                            store.move_aside(path, f"skipping damaged checkpoint: {exc}")
                 else:
                     store.verify(Path(resume), self.verify_mode)
                     found = str(resume)
@@ -245,40 +257,61 @@ class Checkpointer:
         return Path(found) if found else None
 
     def load(self, path: Path, parts, optimizers) -> dict:
-        """Load model and optimizer state from `path` into this layout; returns trainer.json."""
-        import torch.distributed.checkpoint as dcp
+        """Load model and optimizer state from `path` into this layout; returns trainer.json.
+
+        Every file is read as data only (safe_load.py): a hostile checkpoint is a one-line CheckpointError.
+        """
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+        from scaletrain.checkpoint import safe_load
         path = Path(path)
+        info = safe_load.read_trainer(path)
+        metadata = safe_load.read_metadata(path)
         flat, per_part = self.state_dict(parts, optimizers)
-        self._check_shapes(path, flat)
+        self._check_shapes(path, flat, metadata, gather=True)
         try:
-            dcp.load(flat, checkpoint_id=str(path))
+            safe_load.load_dcp(flat, path, metadata)
         except (Exception, _dcp_exception()) as exc:  # DCP wraps per-rank failures: name the checkpoint
-            raise CheckpointError(f"{path}: load failed: {_cause(exc)}") from None
+            cause = _cause(exc)
+            raise CheckpointError(cause if str(path) in cause else f"{path}: load failed: {cause}") from None
         for part, opt, (msd, osd) in zip(parts, optimizers, per_part):
             set_model_state_dict(part, msd, options=_strict_options(not self.lora))
             set_optimizer_state_dict(part, opt, osd, options=_options())
         rng_file = path / f"rng_rank{_rank()}.pt"
         if rng_file.is_file():  # absent when resuming on more ranks than saved: training draws no random numbers
-            rng = torch.load(rng_file, weights_only=True)
-            torch.set_rng_state(rng["cpu"])
-            if "cuda" in rng and torch.cuda.is_available():
-                torch.cuda.set_rng_state(rng["cuda"])
-        import json
-        info = json.loads((path / store.TRAINER).read_text())
+            safe_load.set_rng(rng_file, safe_load.read_rng(rng_file))
+        if _rank() == 0:
+            from scaletrain.checkpoint.resume import warn_changed_settings
+            warn_changed_settings(path, info, self.cfg)
         self.last_step, self.last_time = int(info["step"]), time.monotonic()
         return info
 
-    def _check_shapes(self, path: Path, flat: dict) -> None:
-        meta = store.read_metadata(path).state_dict_metadata
+    def _check_shapes(self, path: Path, flat: dict, metadata, gather: bool) -> None:
+        """The checkpoint holds exactly this model's tensors, with these shapes; one-line CheckpointError if not.
+
+        `gather`: this rank holds only part of the model (pipeline stages): compare the union over ranks.
+        """
+        meta = metadata.state_dict_metadata
+        saved = {k for k in meta if k.startswith("model.")}
+        have = {k for k in flat if k.startswith("model.")}
+        if gather and dist.is_initialized() and dist.get_world_size() > 1:
+            parts = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, sorted(have))
+            have = set().union(*map(set, parts))
+        if len(saved) != len(have):
+            extra = sorted(saved - have) or sorted(have - saved)
+            where = "only in the checkpoint" if saved - have else "only in this model"
+            raise CheckpointError(f"{path}: the checkpoint's model has {len(saved)} tensors, the model being built "
+                                  f"has {len(have)} (e.g. {extra[0][6:]!r} {where}; model.* config differs from "
+                                  "the checkpoint's)")
         for key, value in flat.items():
             if not key.startswith("model.") or not hasattr(value, "shape"):
                 continue
             if key not in meta:
                 raise CheckpointError(f"{path}: has no tensor {key[6:]!r}; it was saved from another model")
-            saved = tuple(getattr(meta[key], "size", ()))
-            if saved != tuple(value.shape):
-                raise CheckpointError(f"{path}: {key[6:]} has shape {list(saved)}, this model has "
+            saved_shape = tuple(getattr(meta[key], "size", ()))
+            if saved_shape != tuple(value.shape):
+                raise CheckpointError(f"{path}: {key[6:]} has shape {list(saved_shape)}, this model has "
                                       f"{list(value.shape)} (model.* config differs from the checkpoint's)")
 
 
@@ -289,18 +322,25 @@ def trainer_state(step: int, cfg, layout, harness: dict | None) -> dict:
             "config": cfg.to_dict(), "pid": os.getpid(), "time": time.time()}
 
 
-def load_full_model(path: Path, verify_mode: str = "sha256"):
-    """(Config, plain model (GPT or Llama) with the checkpoint's weights) in this process, whatever layout saved it."""
-    import json
+def load_full_model(path: Path, verify_mode: str = "sha256", _chain: tuple = ()):
+    """(Config, plain model (GPT or Llama) with the checkpoint's weights) in this process, whatever layout saved it.
 
-    import torch.distributed.checkpoint as dcp
-
-    from scaletrain.config import from_dict
+    Reads every file as data only (safe_load.py). `_chain`: checkpoints already being loaded (a LoRA checkpoint
+    names its base in its config), so a loop of init_from references is an error, not a recursion.
+    """
+    from scaletrain.checkpoint import safe_load
+    from scaletrain.config import ConfigError, from_dict
     from scaletrain.model.build import build_model
     path = Path(path)
+    if str(path.resolve()) in _chain:
+        raise CheckpointError(f"{path}: checkpoint.init_from leads back to this checkpoint (a loop)")
     store.verify(path, verify_mode)
-    info = json.loads((path / store.TRAINER).read_text())
-    cfg = from_dict(info["config"])
+    info = safe_load.read_trainer(path)
+    try:
+        cfg = from_dict(info["config"])
+    except ConfigError as exc:
+        raise CheckpointError(f"{path / store.TRAINER}: {exc}") from None
+    metadata = safe_load.read_metadata(path)
     model = build_model(cfg.model, seed=int(info.get("seed", cfg.train.seed)))
     if cfg.lora.rank > 0:
         # An adapter-only checkpoint: the base is checkpoint.init_from or else the seed init (what the trainer froze); the adapters
@@ -308,12 +348,17 @@ def load_full_model(path: Path, verify_mode: str = "sha256"):
         from scaletrain.model.lora import apply_lora, init_lora
         if cfg.checkpoint.init_from:
             from scaletrain.checkpoint.base import read_base_state
-            model.load_state_dict(read_base_state(cfg.checkpoint.init_from)[1], strict=False)
+            base = read_base_state(cfg.checkpoint.init_from, _chain=(*_chain, str(path.resolve())))
+            model.load_state_dict(base[1], strict=False)
         apply_lora(model, cfg.lora)
         init_lora(model, int(info.get("seed", cfg.train.seed)))
     flat = {f"model.{k}": v for k, v in model.state_dict().items()
             if cfg.lora.rank <= 0 or _is_lora_param(k)}
-    Checkpointer(cfg, path.parent)._check_shapes(path, flat)
-    dcp.load(flat, checkpoint_id=str(path), no_dist=True)
+    Checkpointer(cfg, path.parent)._check_shapes(path, flat, metadata, gather=False)
+    try:
+        safe_load.load_dcp(flat, path, metadata, no_dist=True)
+    except (Exception, _dcp_exception()) as exc:
+        cause = _cause(exc)
+        raise CheckpointError(cause if str(path) in cause else f"{path}: load failed: {cause}") from None
     model.tie_weights()
     return cfg, model

@@ -7,25 +7,27 @@ writes the manifest, fsyncs it and renames the directory, then fsyncs the parent
 `step_<N>` with a manifest is complete by construction; anything else (a `.tmp`, a missing or mismatching file)
 is detected and never loaded silently.
 
-DCP's `.metadata` is a pickle. It is only ever unpickled after its sha256 matched the manifest, and first with
-a restricted unpickler that admits nothing but DCP's metadata classes, so a foreign or tampered file is refused
-rather than executed. Checkpoints are for resuming this job; share weights through the safetensors export.
+The manifest catches damage, not intent: whoever hands a checkpoint over can rewrite it. Every file is therefore
+read as data only (safe_load.py); nothing in a checkpoint is ever executed. Share weights through the
+safetensors export.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
-import pickle
 import re
 import shutil
+import time
 from pathlib import Path
 
 MANIFEST = "manifest.json"
 TRAINER = "trainer.json"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
+# Every file a checkpoint may list: no paths, so a manifest cannot make verification read outside the directory.
+_FILE = re.compile(r"^(\.metadata|trainer\.json|rng_rank\d+\.pt|__\d+_\d+\.distcp)$")
+_SHA = re.compile(r"^[0-9a-f]{64}$")
 
 
 class CheckpointError(RuntimeError):
@@ -91,6 +93,22 @@ def publish(tmp: Path, final: Path, files: dict[str, dict], info: dict) -> None:
     fsync_dir(final.parent)
 
 
+def _manifest_problem(manifest) -> str | None:
+    """What is wrong with a parsed manifest's structure, or None."""
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        return "no 'files' table"
+    for name, meta in files.items():
+        if not _FILE.match(name):
+            return f"lists {name!r}, not a checkpoint file"
+        if not (isinstance(meta, dict) and type(meta.get("bytes")) is int and isinstance(meta.get("sha256"), str)
+                and _SHA.match(meta["sha256"])):
+            return f"entry for {name!r} is not {{'bytes': int, 'sha256': hex}}"
+    if not {".metadata", TRAINER} <= set(files):
+        return f"does not list .metadata and {TRAINER}"
+    return None
+
+
 def verify(directory: Path, mode: str = "sha256") -> dict:
     """The manifest of a complete checkpoint; CheckpointError naming the first missing or damaged file.
 
@@ -104,9 +122,12 @@ def verify(directory: Path, mode: str = "sha256") -> dict:
         raise CheckpointError(f"{directory}: incomplete checkpoint (no {MANIFEST}; the save did not finish)")
     try:
         manifest = json.loads(manifest_path.read_text())
-        files = manifest["files"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{manifest_path}: unreadable manifest ({exc})") from None
+    except (ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{manifest_path}: unreadable manifest ({type(exc).__name__}: {exc})") from None
+    problem = _manifest_problem(manifest)
+    if problem:
+        raise CheckpointError(f"{manifest_path}: unreadable manifest ({problem})")
+    files = manifest["files"]
     for name, meta in files.items():
         path = directory / name
         if not path.is_file():
@@ -126,6 +147,28 @@ def complete_checkpoints(root: Path) -> list[Path]:
         return []
     found = [p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name) and (p / MANIFEST).is_file()]
     return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+
+
+def unpublished(root: Path) -> list[Path]:
+    """Directories named step_<N> under `root` without a manifest: a publish that never finished (or a copy cut
+    short); never loadable, and in the way of the next save of their step."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name) and not (p / MANIFEST).exists())
+
+
+def move_aside(path: Path, why: str) -> Path:
+    """Rename a damaged or incomplete checkpoint to `<name>.damaged-<time>` (kept for inspection); warn on stderr."""
+    stamp = int(time.time())
+    aside = path.with_name(f"{path.name}.damaged-{stamp}")
+    n = 1
+    while aside.exists():
+        aside, n = path.with_name(f"{path.name}.damaged-{stamp}-{n}"), n + 1
+    os.replace(path, aside)
+    import sys
+    print(f"scaletrain: warning: {why}; moved to {aside}", file=sys.stderr, flush=True)
+    return aside
 
 
 def prune(root: Path, keep: int, protect: Path | None = None) -> list[Path]:
@@ -148,32 +191,7 @@ def prune(root: Path, keep: int, protect: Path | None = None) -> list[Path]:
     return removed
 
 
-class _MetadataOnly(pickle.Unpickler):
-    """Unpickles DCP metadata and nothing else."""
-
-    _ALLOWED_MODULES = ("torch.distributed.checkpoint.",)
-    _ALLOWED = {("torch", "Size"), ("torch", "float32"), ("torch", "bfloat16"), ("torch", "float16"),
-                ("torch", "int64"), ("torch", "int32"), ("torch", "uint8"), ("torch", "float64"), ("torch", "bool"),
-                ("torch", "strided"), ("torch", "sparse_coo"), ("torch", "contiguous_format"),
-                ("torch", "preserve_format"), ("torch", "channels_last"), ("torch", "device"),
-                ("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"),
-                ("builtins", "slice"), ("enum", "Enum"), ("_codecs", "encode"), ("builtins", "bytearray"),
-                ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath")}
-
-    def find_class(self, module, name):
-        if module.startswith(self._ALLOWED_MODULES) or (module, name) in self._ALLOWED:
-            return super().find_class(module, name)
-        if module == "torch" and name.endswith(("dtype", "layout", "memory_format")):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not checkpoint metadata")
-
-
 def read_metadata(directory: Path):
-    """DCP Metadata of a checkpoint, unpickled with the restricted unpickler; CheckpointError when refused."""
-    path = Path(directory) / ".metadata"
-    try:
-        return _MetadataOnly(io.BytesIO(path.read_bytes())).load()
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing") from None
-    except Exception as exc:  # any unpickling failure means the file is not ours
-        raise CheckpointError(f"{path}: not DCP metadata ({type(exc).__name__}: {exc})") from None
+    """DCP Metadata of a checkpoint, vetted (safe_load.read_metadata); CheckpointError when refused."""
+    from scaletrain.checkpoint.safe_load import read_metadata as vetted
+    return vetted(directory)

@@ -100,8 +100,8 @@ class Trainer:
         self.resume_path = self.checkpointer.find(cfg.checkpoint.resume)
         self.resume_info = None
         if self.resume_path is not None:
-            import json
-            self.resume_info = json.loads((self.resume_path / "trainer.json").read_text())
+            from scaletrain.checkpoint.safe_load import read_trainer
+            self.resume_info = read_trainer(self.resume_path)  # types checked: a one-line error, not a KeyError later
         self.metrics: MetricsLogger | None = None
         self.stop_signals = StopSignals()  # SIGTERM/SIGUSR1: save and stop (installed for init..finish)
         self.step = 0  # optimizer steps taken since run start
