@@ -140,6 +140,8 @@ def _load(loader, corpus, run, ckpt, tmp_path):
     if loader == "resume":
         return main(["train", "--resume", str(ckpt), "--run-dir", str(tmp_path / "new"), *over])
     if loader == "resume_auto":
+        # As after a kill: no result.json, so the run is unfinished and --resume auto loads its newest checkpoint.
+        (run / "result.json").unlink(missing_ok=True)
         return main(["train", "--resume", "auto", "--run-dir", str(run), *over])
     if loader == "init_from":
         return main(["train", "--set", f"checkpoint.init_from={ckpt}", "--run-dir", str(tmp_path / "new"), *over])
