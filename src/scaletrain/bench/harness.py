@@ -15,13 +15,13 @@ sizes, logged at init. Time to train = run_stop - run_start, both read from the 
 from __future__ import annotations
 
 import copy
-import json
 import math
 import numbers
 from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from scaletrain.config import Config
+from scaletrain.train.rundir import finished_result
 
 from .checker import RULESET, check_log
 from .mllog import C, MLLogWriter
@@ -351,7 +351,7 @@ def run_benchmark(cfg: Config, make_engine: Callable[[Config, int, Path], Engine
         run_cfg.train.run_dir = str(run_dir)
         if cfg.checkpoint.dir:
             run_cfg.checkpoint.dir = str(Path(cfg.checkpoint.dir) / f"run_{i}")  # runs must not share checkpoints
-        finished = _finished_result(run_dir) if cfg.checkpoint.resume == "auto" else None
+        finished = finished_result(run_dir) if cfg.checkpoint.resume == "auto" else None
         if finished is not None:
             # A restarted benchmark keeps the runs that already ended and resumes the one that was cut short.
             result = finished
@@ -396,18 +396,6 @@ def run_benchmark(cfg: Config, make_engine: Callable[[Config, int, Path], Engine
     _write_json(out_dir / "summary.json", summary)
     print_summary(console, summary)
     return summary
-
-
-def _finished_result(run_dir: Path) -> dict | None:
-    """result.json of a run that ended on its own (success or aborted, not crashed), else None."""
-    path = Path(run_dir) / "result.json"
-    try:
-        result = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if result.get("error") is None and result.get("status") in (C.SUCCESS, C.ABORTED):
-        return result
-    return None
 
 
 def _seed_check(logs: list[str]) -> bool:
