@@ -1,3 +1,3 @@
 """Checkpoints: atomic verified DCP directories (store.py), every file read as data only (safe_load.py), full
 training state in any layout (checkpointer.py), what a resume restores besides tensors (resume.py), and Hugging
-Face GPT-2/Llama export/import (hf.py, hf_llama.py)."""
+Face GPT-2/Llama export/import (hf/: common.py, gpt2.py, llama.py)."""
