@@ -243,7 +243,7 @@ class Trainer:
                                       trainer_state(self.step, self.cfg, self.layout, harness_state))
 
     def _load_init_weights(self) -> None:
-        from scaletrain.checkpoint.base import check_compatible, load_base_weights, read_base_state
+        from scaletrain.checkpoint.init_from import check_compatible, load_base_weights, read_base_state
         where = self.cfg.checkpoint.init_from
         saved, state = read_base_state(where)
         check_compatible(self.cfg.model, saved, where)
