@@ -42,7 +42,8 @@ import torch
 
 from scaletrain.config import resolve
 from scaletrain.model.flops import flops_per_token, peak_tflops
-from scaletrain.model.gpt import GPT, causal_attention, loss_sum
+from scaletrain.model.gpt import GPT, causal_attention
+from scaletrain.model.loss import loss_sum
 from scaletrain.sim import calibrate as cal
 from scaletrain.sim.compute import layer_gemms
 from scaletrain.sim.efficiency import GENERATION

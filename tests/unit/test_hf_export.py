@@ -12,7 +12,8 @@ import safetensors.torch  # noqa: E402
 from scaletrain.checkpoint.hf import gpt2 as hf_gpt2  # noqa: E402
 from scaletrain.checkpoint.hf import export_hf, import_hf  # noqa: E402
 from scaletrain.config import resolve  # noqa: E402
-from scaletrain.model.gpt import GPT, loss_sum  # noqa: E402
+from scaletrain.model.gpt import GPT  # noqa: E402
+from scaletrain.model.loss import loss_sum  # noqa: E402
 
 TINY = ["model.n_layers=2", "model.d_model=64", "model.n_heads=4", "model.seq_len=32", "model.vocab_size=300"]
 

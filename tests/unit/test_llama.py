@@ -8,7 +8,7 @@ import torch
 from scaletrain.config import ConfigError, ModelConfig, resolve
 from scaletrain.model.build import build_model
 from scaletrain.model.flops import num_params
-from scaletrain.model.gpt import loss_sum
+from scaletrain.model.loss import loss_sum
 from scaletrain.model.llama import Llama
 
 transformers = pytest.importorskip("transformers")
