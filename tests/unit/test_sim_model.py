@@ -488,7 +488,7 @@ def test_zero3_pays_per_micro_batch():
 # ---------------------------------------------------------------------------------------------------------------
 # predict()
 
-# MLPerf gpt3 recipes reduce gradients in bf16 (perf-model.md), where the ClusterLayout can say so.
+# MLPerf gpt3 recipes reduce gradients in bf16 (docs/perf-model.md), where the ClusterLayout can say so.
 _BF16_GRADS = {"bf16_grads": True} if "bf16_grads" in ClusterLayout.__dataclass_fields__ else {}
 MLPERF_10752 = ClusterLayout(gpus=10752, tp=4, pp=8, vp=12, mbs=1, gbs=2688, fp8=True, **_BF16_GRADS)
 

@@ -52,7 +52,7 @@ def row_system(row: PublishedResult) -> tuple[str, str]:
 def row_layout(row: PublishedResult) -> ClusterLayout:
     """The simulator layout of a published row.
 
-    FP8 rows are NVIDIA's MLPerf recipes, which reduce gradients in bf16 (perf-model.md: "a distributed optimizer
+    FP8 rows are NVIDIA's MLPerf recipes, which reduce gradients in bf16 (docs/perf-model.md: "a distributed optimizer
     with bf16 gradient reduction").
     """
     return ClusterLayout(gpus=row.gpus, tp=row.tp, pp=row.pp, vp=row.vp, cp=row.cp, mbs=row.mbs, gbs=row.gbs,

@@ -1,14 +1,14 @@
 """Memory per GPU: weights, gradients, optimizer state and activations on the most loaded pipeline rank.
 
-Formulas are ../docs/perf-model.md "Memory" (mixed-precision Adam bytes/parameter) and Korthikanti et al. 2022,
+Formulas are docs/perf-model.md "Memory" (mixed-precision Adam bytes/parameter) and Korthikanti et al. 2022,
 "Reducing Activation Recomputation in Large Transformer Models", Table 2 (16-bit activations). Assumptions:
 - Flash attention everywhere: the 5·a·s/h attention-score term (softmax, its dropout mask, dropout output) is never
   stored, and its per-row log-sum-exp (4·a·s·b bytes, ~0.1% of a layer) is ignored. Selective recomputation, which
   exists to drop exactly that term, therefore stores the same as none.
 - FP8 (Transformer Engine) saves a 1-byte copy of each GEMM input for the weight gradient instead of the 16-bit one;
   the attention output is the exception: flash keeps it in 16-bit for its own backward, so the projection's FP8 copy
-  is extra. Q, K, V stay 16-bit (no FP8 attention). Weights stay at perf-model's bf16 bytes, except a LoRA's frozen
-  base, which NeMo's MLPerf LoRA keeps as FP8 parameters (1 byte).
+  is extra. Q, K, V stay 16-bit (no FP8 attention). Weights stay at the bf16 bytes of docs/perf-model.md "Memory",
+  except a LoRA's frozen base, which NeMo's MLPerf LoRA keeps as FP8 parameters (1 byte).
 - The optimizer is sharded over d = dp·cp (Megatron's distributed optimizer spans the data- and context-parallel
   ranks, which hold identical weights).
 """
@@ -36,7 +36,7 @@ _LORA_INPUTS = {"qkv": ("rep", 1), "proj": ("shard", 1), "fc1": ("rep", 1), "fc2
 
 
 def bytes_per_param(zero: int, d: int, bf16_grads: bool = False) -> tuple[float, float, float]:
-    """(weights, grads, optimizer) bytes per trained parameter for a ZeRO mode, as perf-model.md gives them.
+    """(weights, grads, optimizer) bytes per trained parameter for a ZeRO mode, as docs/perf-model.md gives them.
 
     `bf16_grads`: the distributed optimizer's gradient buffer in bf16 (MLPerf gpt3's bf16 gradient reduction).
     """

@@ -18,7 +18,7 @@ MODEL_ALIASES = {"gpt3": "gpt3-175b", "llama2_70b_lora": "llama2-70b-lora"}
 
 @dataclass(frozen=True)
 class Workload:
-    """Model shape and training kind, in the notation of ../docs (h, s, a, l, V)."""
+    """Model shape and training kind, in the notation of docs/perf-model.md (h, s, a, l, V)."""
 
     name: str
     """Preset name it came from."""
