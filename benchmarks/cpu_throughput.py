@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from scaletrain.config import resolve
-from scaletrain.model.gpt import GPT, loss_sum
+from scaletrain.model.gpt import GPT
+from scaletrain.model.loss import loss_sum
 from scaletrain.train.host import setup_cpu
 from scaletrain.train.optim import build_optimizer
 

@@ -42,11 +42,12 @@ import torch
 
 from scaletrain.config import resolve
 from scaletrain.model.flops import flops_per_token, peak_tflops
-from scaletrain.model.gpt import GPT, causal_attention, loss_sum
+from scaletrain.model.gpt import GPT, causal_attention
+from scaletrain.model.loss import loss_sum
 from scaletrain.sim import calibrate as cal
 from scaletrain.sim.compute import layer_gemms
 from scaletrain.sim.efficiency import GENERATION
-from scaletrain.sim.workload import Layout, load_workload
+from scaletrain.sim.workload import ClusterLayout, load_workload
 from scaletrain.train.host import peak_memory_gib, setup_cpu
 from scaletrain.train.optim import build_optimizer
 
@@ -270,7 +271,7 @@ def layer_timings(name, preset, sets, mbs, device, z: Sizes, fp8_ok: bool, fp8_n
     cfg = resolve(preset, overrides=[*sets, "model.n_layers=1"]).model
     w = load_workload(preset, tuple([*sets, "model.n_layers=1"]))
     out = {"gemm": [], "attention": [], "blocks": []}
-    for m, n, k in layer_gemms(w, Layout(gpus=1, mbs=mbs, gbs=mbs, sp=False)):
+    for m, n, k in layer_gemms(w, ClusterLayout(gpus=1, mbs=mbs, gbs=mbs, sp=False)):
         for shape, pass_ in (((m, n, k), "fwd"), ((m, k, n), "dgrad"), ((n, k, m), "wgrad")):
             for dtype in ("bf16", "fp8") if fp8_native else ("bf16",):
                 out["gemm"].append({**gemm(*shape, dtype, device, z, pass_ == "fwd"), "pass": pass_, "layer_of": name})
@@ -358,7 +359,7 @@ def sim_compare(rows: list[dict], timings: dict, gpu: str, comparable: bool) -> 
     out = []
     for r in (r for r in rows if "step_s" in r):
         w = load_workload(r["model"], tuple(r["set"]))
-        lay = Layout(gpus=1, mbs=r["mbs"], gbs=r["mbs"], sp=False, fp8=r["precision"] == "fp8", zero=0)
+        lay = ClusterLayout(gpus=1, mbs=r["mbs"], gbs=r["mbs"], sp=False, fp8=r["precision"] == "fp8", zero=0)
         shipped = predict(w, lay, gpu)
         mine = predict(w, lay, gpu, eff=fit["efficiency"], catalog=fitted)
         out.append({"name": r["name"], "mbs": r["mbs"], "precision": r["precision"], "measured_s": r["step_s"],

@@ -137,7 +137,8 @@ def _tiny_cfg():
 
 def _model_check(cp_mesh, seed, out, tag):
     import torch.distributed as dist
-    from scaletrain.model.gpt import GPT, IGNORE_INDEX, loss_sum
+    from scaletrain.model.gpt import GPT
+    from scaletrain.model.loss import IGNORE_INDEX, loss_sum
     cp, rank, group = cp_mesh.size(), cp_mesh.get_local_rank(), cp_mesh.get_group()
     cfg = _tiny_cfg()
     g = torch.Generator().manual_seed(seed)

@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from scaletrain.data.indexed import DataError, IndexedDataset, write_indexed
-from scaletrain.data.samples import (
-    IGNORE_INDEX, TrainSamples, ValidSamples, measure_loader_tokens_per_s,
-)
+from scaletrain.data.samples import TrainSamples, ValidSamples, measure_loader_tokens_per_s
+from scaletrain.model.loss import IGNORE_INDEX
 
 S = 8
 

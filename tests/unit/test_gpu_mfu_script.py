@@ -14,7 +14,7 @@ from scaletrain.model.flops import flops_per_token, num_params
 from scaletrain.sim import compute
 from scaletrain.sim.catalog import load_catalog
 from scaletrain.sim.efficiency import efficiency_for
-from scaletrain.sim.workload import Layout, load_workload
+from scaletrain.sim.workload import ClusterLayout, load_workload
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gpu_mfu.py"
@@ -87,7 +87,7 @@ def _timings(measured_block_s: float) -> dict:
 
 def _block_s(cat, eff) -> float:
     w = load_workload("gpt3-1.3b")
-    t = compute.layer_times(w, Layout(gpus=1, mbs=4, gbs=4, sp=False), cat.gpu("h200"), eff.gemm_eff)
+    t = compute.layer_times(w, ClusterLayout(gpus=1, mbs=4, gbs=4, sp=False), cat.gpu("h200"), eff.gemm_eff)
     return t.fwd + t.bwd
 
 

@@ -9,10 +9,11 @@ import torch
 pytest.importorskip("safetensors")
 import safetensors.torch  # noqa: E402
 
-from scaletrain.checkpoint import hf as hf_mod  # noqa: E402
+from scaletrain.checkpoint.hf import gpt2 as hf_gpt2  # noqa: E402
 from scaletrain.checkpoint.hf import export_hf, import_hf  # noqa: E402
 from scaletrain.config import resolve  # noqa: E402
-from scaletrain.model.gpt import GPT, loss_sum  # noqa: E402
+from scaletrain.model.gpt import GPT  # noqa: E402
+from scaletrain.model.loss import loss_sum  # noqa: E402
 
 TINY = ["model.n_layers=2", "model.d_model=64", "model.n_heads=4", "model.seq_len=32", "model.vocab_size=300"]
 
@@ -75,7 +76,7 @@ def test_export_without_qkv_permutation_would_be_caught(tmp_path, tiny, tokens, 
     """The logits check above can fail: skipping the head-major -> qkv-major permutation changes the logits."""
     transformers = pytest.importorskip("transformers")
     cfg, model = tiny
-    monkeypatch.setattr(hf_mod, "_qkv_rows", lambda t, n_heads, to_hf: t)
+    monkeypatch.setattr(hf_gpt2, "_qkv_rows", lambda t, n_heads, to_hf: t)
     hf = transformers.GPT2LMHeadModel.from_pretrained(export_hf(model.state_dict(), cfg, tmp_path / "hf")).eval()
     with torch.no_grad():
         assert not torch.allclose(hf(input_ids=tokens).logits, model(tokens), atol=1e-4)

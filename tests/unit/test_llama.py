@@ -8,13 +8,12 @@ import torch
 from scaletrain.config import ConfigError, ModelConfig, resolve
 from scaletrain.model.build import build_model
 from scaletrain.model.flops import num_params
-from scaletrain.model.gpt import loss_sum
+from scaletrain.model.loss import loss_sum
 from scaletrain.model.llama import Llama
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
-from scaletrain.checkpoint.hf import export_hf  # noqa: E402
-from scaletrain.checkpoint.hf_llama import export_llama_hf, import_llama_hf  # noqa: E402
+from scaletrain.checkpoint.hf import export_hf, export_llama_hf, import_llama_hf  # noqa: E402
 
 TINY = ModelConfig(arch="llama", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=128, seq_len=32,
                    vocab_size=256, init_std=0.02)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from scaletrain.config import resolve
-from scaletrain.model.gpt import GPT, loss_sum
+from scaletrain.model.gpt import GPT
+from scaletrain.model.loss import loss_sum
 from scaletrain.model.lora import apply_lora, init_lora, is_lora_param, lora_parameters, merge_lora
 
 ALL = "lora.targets=['qkv','proj','fc1','fc2']"

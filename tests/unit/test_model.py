@@ -7,7 +7,8 @@ import torch
 
 from scaletrain.config import resolve
 from scaletrain.model.flops import flops_per_token, mfu, num_params
-from scaletrain.model.gpt import GPT, IGNORE_INDEX, loss_sum
+from scaletrain.model.gpt import GPT
+from scaletrain.model.loss import IGNORE_INDEX, loss_sum
 
 
 def tiny(**kw):

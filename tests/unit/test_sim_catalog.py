@@ -107,7 +107,7 @@ def test_shipped_catalog_has_six_gpus_and_every_node_and_fabric():
 
 
 def test_gpu_figures_match_the_reference_table():
-    """perf-model.md "Hardware": dense peaks, measured matmul ceilings, HBM, NVLink per direction, domain size."""
+    """docs/perf-model.md "Hardware": dense peaks, measured matmul ceilings, HBM, NVLink per direction, domain size."""
     cat = load_catalog()
     table = {  # bf16, fp8, matmul bf16, HBM GB, HBM TB/s, NVLink GB/s
         "a100": (312, 0, 271, 80, 2.04, 300),

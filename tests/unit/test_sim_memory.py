@@ -9,44 +9,45 @@ import pytest
 
 from scaletrain.sim.memory import (GB, GIB, MemoryEstimate, activation_bytes_per_layer, bytes_per_param, fits,
                                    in_flight_microbatches, memory_per_gpu)
-from scaletrain.sim.workload import Layout, load_workload
+from scaletrain.sim.workload import ClusterLayout, load_workload
 
 GPT3 = load_workload("gpt3")
 LLAMA = load_workload("llama2_70b_lora")
 S, H = GPT3.seq_len, GPT3.hidden
-MLPERF_GPT3 = Layout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=2048, sp=True, fp8=True, zero=1)
+MLPERF_GPT3 = ClusterLayout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=2048, sp=True, fp8=True, zero=1)
 
 
 @pytest.mark.parametrize("t", [1, 2, 4, 8])
 def test_gpt3_tp_sp_is_34_sbh_over_t(t):
-    assert activation_bytes_per_layer(GPT3, Layout(gpus=t, tp=t, sp=True)) == pytest.approx(S * H * 34 / t)
+    assert activation_bytes_per_layer(GPT3, ClusterLayout(gpus=t, tp=t, sp=True)) == pytest.approx(S * H * 34 / t)
     # Selective recomputation only drops the attention scores, which flash never stores.
-    assert activation_bytes_per_layer(GPT3, Layout(gpus=t, tp=t, recompute="selective")) == pytest.approx(
+    assert activation_bytes_per_layer(GPT3, ClusterLayout(gpus=t, tp=t, recompute="selective")) == pytest.approx(
         S * H * 34 / t)
 
 
 @pytest.mark.parametrize("t", [2, 4, 8])
 def test_gpt3_tp_without_sp_is_10_plus_24_over_t(t):
-    assert activation_bytes_per_layer(GPT3, Layout(gpus=t, tp=t, sp=False)) == pytest.approx(S * H * (10 + 24 / t))
+    layout = ClusterLayout(gpus=t, tp=t, sp=False)
+    assert activation_bytes_per_layer(GPT3, layout) == pytest.approx(S * H * (10 + 24 / t))
 
 
 def test_full_recompute_keeps_the_layer_input_only():
-    assert activation_bytes_per_layer(GPT3, Layout(gpus=4, tp=4, sp=False, recompute="full")) == 2 * S * H
-    assert activation_bytes_per_layer(GPT3, Layout(gpus=4, tp=4, sp=True, recompute="full")) == 2 * S * H / 4
+    assert activation_bytes_per_layer(GPT3, ClusterLayout(gpus=4, tp=4, sp=False, recompute="full")) == 2 * S * H
+    assert activation_bytes_per_layer(GPT3, ClusterLayout(gpus=4, tp=4, sp=True, recompute="full")) == 2 * S * H / 4
     # ...but the peak adds one layer's full set while backward re-runs it.
-    lay = Layout(gpus=4, tp=4, recompute="full")
+    lay = ClusterLayout(gpus=4, tp=4, recompute="full")
     est = memory_per_gpu(GPT3, lay)
     assert est.activations == pytest.approx(GPT3.layers * 2 * S * H / 4 + S * H * 32 / 4)
 
 
 def test_cp_divides_the_sequence_and_mbs_multiplies():
-    base = activation_bytes_per_layer(GPT3, Layout(gpus=4, tp=4))
-    assert activation_bytes_per_layer(GPT3, Layout(gpus=8, tp=4, cp=2)) == pytest.approx(base / 2)
-    assert activation_bytes_per_layer(GPT3, Layout(gpus=4, tp=4, mbs=3)) == pytest.approx(base * 3)
+    base = activation_bytes_per_layer(GPT3, ClusterLayout(gpus=4, tp=4))
+    assert activation_bytes_per_layer(GPT3, ClusterLayout(gpus=8, tp=4, cp=2)) == pytest.approx(base / 2)
+    assert activation_bytes_per_layer(GPT3, ClusterLayout(gpus=4, tp=4, mbs=3)) == pytest.approx(base * 3)
 
 
 def test_dropout_masks_fp8_and_llama_breakdown():
-    lay = Layout(gpus=4, tp=4)
+    lay = ClusterLayout(gpus=4, tp=4)
     assert activation_bytes_per_layer(GPT3, lay, dropout=False) == pytest.approx(S * H * 32 / 4)
     # FP8: QKV, fc1, fc2 inputs at 1 byte (-1, -1, -4), plus an FP8 copy of the flash output (+1).
     assert activation_bytes_per_layer(GPT3, replace(lay, fp8=True)) == pytest.approx(S * H * 29 / 4)
@@ -55,11 +56,11 @@ def test_dropout_masks_fp8_and_llama_breakdown():
     s, h, f = LLAMA.seq_len, LLAMA.hidden, LLAMA.ffn
     per_token = 8 * h + 2 * h + 4 * h / 8 + 2 * h + 6 * f
     assert per_token == 33.5 * h
-    assert activation_bytes_per_layer(base, Layout(gpus=1), dropout=False) == pytest.approx(s * per_token)
+    assert activation_bytes_per_layer(base, ClusterLayout(gpus=1), dropout=False) == pytest.approx(s * per_token)
     # LoRA: the frozen QKV, fc1 and fc2 keep no inputs (-2h, -2h, -2f: they need only input gradients); the
     # adapters on qkv and proj keep a dropout output and mask of their h-wide inputs (+6h).
     lora_token = per_token - 4 * h - 2 * f + 6 * h
-    assert activation_bytes_per_layer(LLAMA, Layout(gpus=1), dropout=False) == pytest.approx(s * lora_token)
+    assert activation_bytes_per_layer(LLAMA, ClusterLayout(gpus=1), dropout=False) == pytest.approx(s * lora_token)
 
 
 def test_bytes_per_param_match_perf_model():
@@ -70,7 +71,7 @@ def test_bytes_per_param_match_perf_model():
 
 @pytest.mark.parametrize("zero", [0, 1, 3])
 def test_state_per_gpu_for_each_zero_mode(zero):
-    lay = Layout(gpus=64, tp=4, pp=2, gbs=64, zero=zero)  # dp 8
+    lay = ClusterLayout(gpus=64, tp=4, pp=2, gbs=64, zero=zero)  # dp 8
     d = 8
     est = memory_per_gpu(GPT3, lay)
     n = GPT3.layer_params * GPT3.layers / (4 * 2) + GPT3.vocab * GPT3.hidden / 4  # first stage: layers + embedding
@@ -82,20 +83,20 @@ def test_state_per_gpu_for_each_zero_mode(zero):
 
 
 def test_optimizer_shards_over_dp_times_cp():
-    a = memory_per_gpu(GPT3, Layout(gpus=64, tp=4, pp=8, gbs=64, cp=1))   # d = 2
-    b = memory_per_gpu(GPT3, Layout(gpus=128, tp=4, pp=8, gbs=64, cp=2))  # d = 2 * 2
+    a = memory_per_gpu(GPT3, ClusterLayout(gpus=64, tp=4, pp=8, gbs=64, cp=1))   # d = 2
+    b = memory_per_gpu(GPT3, ClusterLayout(gpus=128, tp=4, pp=8, gbs=64, cp=2))  # d = 2 * 2
     assert b.optimizer == pytest.approx(a.optimizer / 2)
 
 
 def test_in_flight_per_schedule():
-    assert in_flight_microbatches(Layout(gpus=8, pp=8, gbs=32, schedule="gpipe")) == 32
-    assert in_flight_microbatches(Layout(gpus=8, pp=8, gbs=32)) == 8
-    assert in_flight_microbatches(Layout(gpus=8, pp=8, gbs=32), rank=7) == 1
-    assert in_flight_microbatches(Layout(gpus=8, pp=8, gbs=4)) == 4  # fewer micro-batches than stages
+    assert in_flight_microbatches(ClusterLayout(gpus=8, pp=8, gbs=32, schedule="gpipe")) == 32
+    assert in_flight_microbatches(ClusterLayout(gpus=8, pp=8, gbs=32)) == 8
+    assert in_flight_microbatches(ClusterLayout(gpus=8, pp=8, gbs=32), rank=7) == 1
+    assert in_flight_microbatches(ClusterLayout(gpus=8, pp=8, gbs=4)) == 4  # fewer micro-batches than stages
     # Megatron interleaved warm-up: (p-1)*2 + (v-1)*p + 1 chunks of 1/v of the rank's layers.
     assert in_flight_microbatches(MLPERF_GPT3) == pytest.approx((7 * 2 + 11 * 8 + 1) / 12)
-    assert in_flight_microbatches(Layout(gpus=8, pp=8, vp=2, gbs=8)) == 8  # m == p: everything warms up
-    assert in_flight_microbatches(Layout(gpus=1, gbs=16)) == 1
+    assert in_flight_microbatches(ClusterLayout(gpus=8, pp=8, vp=2, gbs=8)) == 8  # m == p: everything warms up
+    assert in_flight_microbatches(ClusterLayout(gpus=1, gbs=16)) == 1
 
 
 def test_in_flight_override_scales_layer_activations():
@@ -107,7 +108,7 @@ def test_in_flight_override_scales_layer_activations():
 
 
 def test_lora_trains_only_adapters():
-    lay = Layout(gpus=8, tp=4, gbs=8)
+    lay = ClusterLayout(gpus=8, tp=4, gbs=8)
     est = memory_per_gpu(LLAMA, lay)
     adapters = LLAMA.trainable_params / 4
     assert est.grads == pytest.approx(4 * adapters)  # zero 1: fp32 grads of adapters only
@@ -130,17 +131,17 @@ def test_gpt3_512_gpu_mlperf_layout_fits_h100():
 
 
 def test_llama_lora_mlperf_layouts_fit():
-    h100 = Layout(gpus=8, tp=4, cp=1, gbs=8, fp8=True)  # NVIDIA's 8xH100 config: TP4 PP1 CP1, FP8, no recompute
-    h200 = Layout(gpus=8, tp=2, cp=1, gbs=8, fp8=True)  # 8xH200: TP2
+    h100 = ClusterLayout(gpus=8, tp=4, cp=1, gbs=8, fp8=True)  # NVIDIA's 8xH100 config: TP4 PP1 CP1, FP8, no recompute
+    h200 = ClusterLayout(gpus=8, tp=2, cp=1, gbs=8, fp8=True)  # 8xH200: TP2
     assert fits(memory_per_gpu(LLAMA, h100), 80)
     assert fits(memory_per_gpu(LLAMA, h200), 141)
     assert not fits(memory_per_gpu(LLAMA, h200), 80)
-    assert not fits(memory_per_gpu(LLAMA, Layout(gpus=8, gbs=8)), 80)  # no TP: 138 GB of bf16 base weights
+    assert not fits(memory_per_gpu(LLAMA, ClusterLayout(gpus=8, gbs=8)), 80)  # no TP: 138 GB of bf16 base weights
 
 
 def test_gpt3_without_model_parallelism_does_not_fit():
-    assert not fits(memory_per_gpu(GPT3, Layout(gpus=1, gbs=1, zero=0)), 288)
-    est = memory_per_gpu(GPT3, Layout(gpus=512, gbs=512, zero=1))  # pure data parallel, distributed optimizer
+    assert not fits(memory_per_gpu(GPT3, ClusterLayout(gpus=1, gbs=1, zero=0)), 288)
+    est = memory_per_gpu(GPT3, ClusterLayout(gpus=512, gbs=512, zero=1))  # pure data parallel, distributed optimizer
     assert est.weights + est.grads > 5.9 * GPT3.params and not fits(est, 288)
 
 

@@ -18,7 +18,7 @@ from scaletrain.sim.comm import Cluster, ring_all_gather, ring_all_reduce, ring_
 from scaletrain.sim.efficiency import Efficiency
 from scaletrain.sim.predict import predict
 from scaletrain.sim.step import stage_costs, step_time
-from scaletrain.sim.workload import Layout, load_workload
+from scaletrain.sim.workload import ClusterLayout, load_workload
 
 CAT = load_catalog()
 GPT3 = load_workload("gpt3")
@@ -117,13 +117,13 @@ def test_layer_gemms_carry_exactly_the_counted_flops():
     """compute.layer_gemms (what the simulator times) and model.flops (what MFU counts) agree GEMM by GEMM."""
     for w in (GPT3, LLAMA):
         tokens = w.seq_len
-        base = sum(2 * m_ * n * k for m_, n, k in compute.layer_gemms(w, Layout(gpus=1)))
+        base = sum(2 * m_ * n * k for m_, n, k in compute.layer_gemms(w, ClusterLayout(gpus=1)))
         assert base == pytest.approx(w.forward_flops["gemm"] / w.layers * tokens, rel=1e-12)
         for t in (2, 4, 8):
-            sharded = sum(2 * m_ * n * k for m_, n, k in compute.layer_gemms(w, Layout(gpus=t, tp=t)))
+            sharded = sum(2 * m_ * n * k for m_, n, k in compute.layer_gemms(w, ClusterLayout(gpus=t, tp=t)))
             assert sharded * t == pytest.approx(base, rel=1e-12)
     # LoRA adapters on qkv and proj: 2 FLOPs per adapter parameter per token on top of the base GEMMs.
-    gemms = compute.layer_gemms(LORA, Layout(gpus=1))
+    gemms = compute.layer_gemms(LORA, ClusterLayout(gpus=1))
     assert len(gemms) == 4 + 2 * 2
     adapter = sum(2 * m_ * n * k for m_, n, k in gemms[4:])
     assert adapter == pytest.approx(2 * LORA.seq_len * LORA.trainable_params / LORA.layers, rel=1e-12)
@@ -132,7 +132,7 @@ def test_layer_gemms_carry_exactly_the_counted_flops():
 def test_lora_fc1_adapter_gemms_match_lora_params_for_gated_mlp():
     w = replace(LORA, lora_targets=("fc1",), trainable_params=flops.lora_params(
         resolve("llama2-70b-lora").model, 16, ("fc1",)))
-    gemms = compute.layer_gemms(w, Layout(gpus=1))
+    gemms = compute.layer_gemms(w, ClusterLayout(gpus=1))
     adapter = sum(2 * m_ * n * k for m_, n, k in gemms[4:])
     assert adapter == pytest.approx(2 * w.seq_len * w.trainable_params / w.layers, rel=1e-12)
 
@@ -142,10 +142,10 @@ def test_lora_fc1_adapter_gemms_match_lora_params_for_gated_mlp():
 
 
 @pytest.mark.parametrize("w, lay", [
-    (GPT3, Layout(gpus=4, tp=4, fp8=True)),
-    (GPT3, Layout(gpus=8, tp=4, cp=2)),
-    (LLAMA, Layout(gpus=8, tp=8, mbs=2)),
-    (LORA, Layout(gpus=4, tp=4, sp=False)),
+    (GPT3, ClusterLayout(gpus=4, tp=4, fp8=True)),
+    (GPT3, ClusterLayout(gpus=8, tp=4, cp=2)),
+    (LLAMA, ClusterLayout(gpus=8, tp=8, mbs=2)),
+    (LORA, ClusterLayout(gpus=4, tp=4, sp=False)),
 ])
 def test_recompute_adds_one_forward_or_one_attention_forward(w, lay):
     gpu = CAT.gpu("h100")
@@ -160,7 +160,7 @@ def test_recompute_adds_one_forward_or_one_attention_forward(w, lay):
 
 
 def test_full_recompute_repeats_the_forward_tp_communication():
-    lay = Layout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=512, fp8=True)
+    lay = ClusterLayout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=512, fp8=True)
     cl = _cluster(512)
     none = step_time(GPT3, lay, cl, EFF)
     full = step_time(GPT3, replace(lay, recompute="full"), cl, EFF)
@@ -291,11 +291,11 @@ def uniform_stages(monkeypatch):
 
 
 BUBBLE_LAYOUTS = [
-    Layout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=512, fp8=True),     # interleaved, m=32
-    Layout(gpus=10752, tp=4, pp=8, vp=12, mbs=1, gbs=2688, fp8=True),  # interleaved, m=8 = p
-    Layout(gpus=512, tp=4, pp=8, vp=4, mbs=2, gbs=1024),               # interleaved, m=32, mbs 2
-    Layout(gpus=512, tp=4, pp=8, mbs=1, gbs=512),                      # 1f1b, m=32
-    Layout(gpus=256, tp=8, pp=4, mbs=1, gbs=40, schedule="gpipe"),     # gpipe, m=5
+    ClusterLayout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=512, fp8=True),     # interleaved, m=32
+    ClusterLayout(gpus=10752, tp=4, pp=8, vp=12, mbs=1, gbs=2688, fp8=True),  # interleaved, m=8 = p
+    ClusterLayout(gpus=512, tp=4, pp=8, vp=4, mbs=2, gbs=1024),               # interleaved, m=32, mbs 2
+    ClusterLayout(gpus=512, tp=4, pp=8, mbs=1, gbs=512),                      # 1f1b, m=32
+    ClusterLayout(gpus=256, tp=8, pp=4, mbs=1, gbs=40, schedule="gpipe"),     # gpipe, m=5
 ]
 
 
@@ -343,16 +343,16 @@ def test_step_bubble_with_first_and_last_stage_extras(lay):
 # Step breakdown
 
 
-def _step(lay: Layout, gpu: str = "h100", w=GPT3, eff: Efficiency = EFF, node: str | None = None):
+def _step(lay: ClusterLayout, gpu: str = "h100", w=GPT3, eff: Efficiency = EFF, node: str | None = None):
     return step_time(w, lay, _cluster(lay.gpus, gpu, node), eff)
 
 
 @pytest.mark.parametrize("w, lay", [
-    (GPT3, Layout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=2048, fp8=True)),
-    (GPT3, Layout(gpus=1024, tp=8, pp=8, cp=2, mbs=1, gbs=1024, recompute="selective", zero=3)),
-    (GPT3, Layout(gpus=64, tp=8, pp=8, mbs=1, gbs=64)),
-    (LORA, Layout(gpus=8, tp=4, pp=1, cp=2, mbs=1, gbs=8, fp8=True)),
-    (LLAMA, Layout(gpus=256, tp=8, pp=4, vp=5, cp=1, mbs=1, gbs=256, zero=0)),
+    (GPT3, ClusterLayout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=2048, fp8=True)),
+    (GPT3, ClusterLayout(gpus=1024, tp=8, pp=8, cp=2, mbs=1, gbs=1024, recompute="selective", zero=3)),
+    (GPT3, ClusterLayout(gpus=64, tp=8, pp=8, mbs=1, gbs=64)),
+    (LORA, ClusterLayout(gpus=8, tp=4, pp=1, cp=2, mbs=1, gbs=8, fp8=True)),
+    (LLAMA, ClusterLayout(gpus=256, tp=8, pp=4, vp=5, cp=1, mbs=1, gbs=256, zero=0)),
 ], ids=["gpt3-512", "gpt3-cp2-zero3", "gpt3-dp1", "lora-cp2", "llama-zero0"])
 def test_breakdown_keys_sum_to_step_time(w, lay):
     assert lay.problems(w) == []
@@ -372,22 +372,22 @@ def test_breakdown_keys_sum_to_step_time(w, lay):
 
 
 def test_degree_one_dimensions_expose_nothing():
-    tp1 = _step(Layout(gpus=64, tp=1, pp=8, mbs=1, gbs=512))
+    tp1 = _step(ClusterLayout(gpus=64, tp=1, pp=8, mbs=1, gbs=512))
     assert tp1.breakdown["tp_exposed"] == 0.0
     assert tp1.breakdown["cp_exposed"] == 0.0
-    dp1 = _step(Layout(gpus=32, tp=4, pp=8, mbs=1, gbs=64))
+    dp1 = _step(ClusterLayout(gpus=32, tp=4, pp=8, mbs=1, gbs=64))
     assert dp1.breakdown["dp_exposed"] == 0.0 and dp1.breakdown["overlap_slowdown"] == 0.0
     assert dp1.breakdown["tp_exposed"] > 0
-    pp1 = _step(Layout(gpus=8, tp=8, mbs=1, gbs=8), w=LORA)
+    pp1 = _step(ClusterLayout(gpus=8, tp=8, mbs=1, gbs=8), w=LORA)
     assert pp1.breakdown["pp_bubble"] == pytest.approx(0.0, abs=1e-12)
     assert pp1.breakdown["dp_exposed"] == 0.0
     # A DP group does communicate (whether or not it hides).
-    dp2 = _step(Layout(gpus=64, tp=4, pp=8, mbs=1, gbs=128))
+    dp2 = _step(ClusterLayout(gpus=64, tp=4, pp=8, mbs=1, gbs=128))
     assert dp2.breakdown["dp_exposed"] + dp2.breakdown["overlap_slowdown"] > 0
 
 
 def test_more_gpus_same_batch_is_faster():
-    times = [_step(Layout(gpus=g, tp=4, pp=8, vp=12, mbs=1, gbs=2048, fp8=True)).step_time_s
+    times = [_step(ClusterLayout(gpus=g, tp=4, pp=8, vp=12, mbs=1, gbs=2048, fp8=True)).step_time_s
              for g in (256, 512, 1024, 2048)]
     assert times == sorted(times, reverse=True) and len(set(times)) == 4
     # Strong scaling is sub-linear: the bubble grows as m shrinks.
@@ -395,7 +395,7 @@ def test_more_gpus_same_batch_is_faster():
 
 
 def test_fp8_is_faster_than_bf16_and_h200_is_not_slower_than_h100():
-    lay = Layout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=2048)
+    lay = ClusterLayout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=2048)
     bf16 = _step(lay).step_time_s
     fp8 = _step(replace(lay, fp8=True)).step_time_s
     assert fp8 < bf16
@@ -409,7 +409,7 @@ def test_fp8_is_faster_than_bf16_and_h200_is_not_slower_than_h100():
 
 
 def test_dp_overlap_efficiency_and_slowdown_move_the_right_way():
-    lay = Layout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=2048, fp8=True)
+    lay = ClusterLayout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=2048, fp8=True)
     base = _step(lay)
     worse = _step(lay, eff=replace(EFF, dp_overlap=0.2))
     assert worse.breakdown["dp_exposed"] > base.breakdown["dp_exposed"]
@@ -431,7 +431,7 @@ def _rank_traffic(lay, rank):
     return rs, ag
 
 
-LAY_512 = Layout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=2048, fp8=True)
+LAY_512 = ClusterLayout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=2048, fp8=True)
 PER_CHUNK = GPT3.layer_params * GPT3.layers / (4 * 8 * 12)
 
 
@@ -470,13 +470,13 @@ def test_hidden_dp_time_is_at_most_one_ranks_dp_traffic():
 
 
 def test_plain_1f1b_hides_dp_traffic_under_the_last_backward():
-    lay = Layout(gpus=256, tp=8, pp=4, mbs=1, gbs=256, fp8=True)
+    lay = ClusterLayout(gpus=256, tp=8, pp=4, mbs=1, gbs=256, fp8=True)
     res = step_time(GPT3, lay, _cluster(lay.gpus), replace(EFF, overlap_slowdown=1.0))
     assert res.breakdown["overlap_slowdown"] > 0  # buckets release during the last micro-batch's backward
 
 
 def test_zero3_pays_per_micro_batch():
-    lay = Layout(gpus=512, tp=8, pp=1, mbs=1, gbs=512, fp8=True)
+    lay = ClusterLayout(gpus=512, tp=8, pp=1, mbs=1, gbs=512, fp8=True)
     few = step_time(GPT3, replace(lay, gbs=64, zero=3), _cluster(512), EFF)
     many = step_time(GPT3, replace(lay, zero=3), _cluster(512), EFF)
     z1 = step_time(GPT3, lay, _cluster(512), EFF)
@@ -488,9 +488,9 @@ def test_zero3_pays_per_micro_batch():
 # ---------------------------------------------------------------------------------------------------------------
 # predict()
 
-# MLPerf gpt3 recipes reduce gradients in bf16 (perf-model.md), where the Layout can say so.
-_BF16_GRADS = {"bf16_grads": True} if "bf16_grads" in Layout.__dataclass_fields__ else {}
-MLPERF_10752 = Layout(gpus=10752, tp=4, pp=8, vp=12, mbs=1, gbs=2688, fp8=True, **_BF16_GRADS)
+# MLPerf gpt3 recipes reduce gradients in bf16 (docs/perf-model.md), where the ClusterLayout can say so.
+_BF16_GRADS = {"bf16_grads": True} if "bf16_grads" in ClusterLayout.__dataclass_fields__ else {}
+MLPERF_10752 = ClusterLayout(gpus=10752, tp=4, pp=8, vp=12, mbs=1, gbs=2688, fp8=True, **_BF16_GRADS)
 
 
 def test_predict_json_keys_and_mfu_relation():
@@ -524,7 +524,7 @@ def test_gpt3_on_10752_h100_is_about_four_minutes():
 
 
 def test_mfu_uses_the_dense_bf16_peak_for_other_gpus():
-    lay = Layout(gpus=64, tp=4, pp=8, vp=4, mbs=1, gbs=256)
+    lay = ClusterLayout(gpus=64, tp=4, pp=8, vp=4, mbs=1, gbs=256)
     for gpu, peak in (("a100", 312.0), ("h200", 989.0), ("b200", 2250.0)):
         pred = predict(GPT3, lay, gpu, eff=EFF)
         assert pred.mfu_peak_tflops == peak
@@ -532,16 +532,16 @@ def test_mfu_uses_the_dense_bf16_peak_for_other_gpus():
 
 
 @pytest.mark.parametrize("lay, words", [
-    (Layout(gpus=10, tp=4, pp=1, gbs=8), "not a multiple of tp*pp*cp"),
-    (Layout(gpus=40, tp=5, gbs=8), "tp=5"),
-    (Layout(gpus=56, tp=8, pp=7, gbs=56), "layers"),
-    (Layout(gpus=128, tp=8, pp=8, gbs=3), "gbs=3"),
-    (Layout(gpus=64, tp=8, pp=8, gbs=4), "micro-batches"),
-    (Layout(gpus=64, tp=8, pp=8, vp=5, gbs=8), "pp*vp=40"),
-    (Layout(gpus=64, tp=8, pp=8, vp=2, gbs=12), "multiple of pp"),
-    (Layout(gpus=8, tp=8, recompute="most"), "recompute"),
-    (Layout(gpus=0), "gpus=0"),
-    (Layout(gpus=8, gbs=0), "gbs=0"),
+    (ClusterLayout(gpus=10, tp=4, pp=1, gbs=8), "not a multiple of tp*pp*cp"),
+    (ClusterLayout(gpus=40, tp=5, gbs=8), "tp=5"),
+    (ClusterLayout(gpus=56, tp=8, pp=7, gbs=56), "layers"),
+    (ClusterLayout(gpus=128, tp=8, pp=8, gbs=3), "gbs=3"),
+    (ClusterLayout(gpus=64, tp=8, pp=8, gbs=4), "micro-batches"),
+    (ClusterLayout(gpus=64, tp=8, pp=8, vp=5, gbs=8), "pp*vp=40"),
+    (ClusterLayout(gpus=64, tp=8, pp=8, vp=2, gbs=12), "multiple of pp"),
+    (ClusterLayout(gpus=8, tp=8, recompute="most"), "recompute"),
+    (ClusterLayout(gpus=0), "gpus=0"),
+    (ClusterLayout(gpus=8, gbs=0), "gbs=0"),
 ], ids=lambda x: x if isinstance(x, str) else x.describe())
 def test_impossible_layouts_are_infeasible_not_errors(lay, words):
     pred = predict(GPT3, lay, "h100", eff=EFF)
@@ -551,14 +551,14 @@ def test_impossible_layouts_are_infeasible_not_errors(lay, words):
     json.dumps(pred.to_dict())
 
 
-@pytest.mark.parametrize("lay", [Layout(gpus=8, tp=0), Layout(gpus=8, mbs=0)], ids=["tp0", "mbs0"])
+@pytest.mark.parametrize("lay", [ClusterLayout(gpus=8, tp=0), ClusterLayout(gpus=8, mbs=0)], ids=["tp0", "mbs0"])
 def test_zero_degrees_are_infeasible_not_errors(lay):
     pred = predict(GPT3, lay, "h100", eff=EFF)
     assert pred.feasible is False
 
 
 def test_fp8_on_a100_is_infeasible_with_a_reason():
-    lay = Layout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=2048, fp8=True)
+    lay = ClusterLayout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=2048, fp8=True)
     pred = predict(GPT3, lay, "a100", eff=EFF)
     assert pred.feasible is False
     assert any("a100" in r and "FP8" in r for r in pred.reasons), pred.reasons
@@ -567,7 +567,7 @@ def test_fp8_on_a100_is_infeasible_with_a_reason():
 
 
 def test_out_of_memory_is_infeasible_but_still_priced():
-    lay = Layout(gpus=8, tp=8, mbs=1, gbs=8)  # 175B on one node
+    lay = ClusterLayout(gpus=8, tp=8, mbs=1, gbs=8)  # 175B on one node
     pred = predict(GPT3, lay, "h100", eff=EFF)
     assert pred.feasible is False
     assert any("GiB per GPU" in r for r in pred.reasons)

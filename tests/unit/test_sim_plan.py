@@ -15,12 +15,12 @@ from scaletrain.sim.memory import GB, GIB
 from scaletrain.sim.plan import DEFAULT_GBS, _batches, _bound, _shapes, plan
 from scaletrain.sim.predict import predict
 from scaletrain.sim.step import step_time
-from scaletrain.sim.workload import Layout, load_workload
+from scaletrain.sim.workload import ClusterLayout, load_workload
 
 GPT3 = load_workload("gpt3")
 LORA = load_workload("llama2_70b_lora")
 # NVIDIA's 512-GPU H100 submission: FP8 with bf16 gradient reduction (as `calibrate` lays out FP8 rows).
-PUBLISHED = Layout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=2048, fp8=True, bf16_grads=True)
+PUBLISHED = ClusterLayout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=2048, fp8=True, bf16_grads=True)
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +28,9 @@ def gpt3_512():
     return plan(GPT3, "h100", 512)
 
 
-def _layout(p) -> Layout:
-    return Layout(**{k: v for k, v in p.layout.items() if k in Layout.__dataclass_fields__ and k != "schedule"})
+def _layout(p) -> ClusterLayout:
+    fields = ClusterLayout.__dataclass_fields__
+    return ClusterLayout(**{k: v for k, v in p.layout.items() if k in fields and k != "schedule"})
 
 
 def test_published_layout_is_in_the_search_space():
@@ -105,9 +106,9 @@ def test_non_benchmark_defaults_to_throughput_and_default_gbs():
 
 @pytest.mark.parametrize("w, gpu, lay", [
     (GPT3, "h100", PUBLISHED),
-    (GPT3, "h100", Layout(gpus=512, tp=2, pp=16, vp=3, cp=2, mbs=2, gbs=4096, recompute="full")),
-    (GPT3, "h200", Layout(gpus=64, tp=8, pp=1, cp=2, mbs=1, gbs=1536, zero=3)),
-    (LORA, "h200", Layout(gpus=8, tp=2, pp=2, vp=4, cp=2, mbs=1, gbs=8, fp8=True)),
+    (GPT3, "h100", ClusterLayout(gpus=512, tp=2, pp=16, vp=3, cp=2, mbs=2, gbs=4096, recompute="full")),
+    (GPT3, "h200", ClusterLayout(gpus=64, tp=8, pp=1, cp=2, mbs=1, gbs=1536, zero=3)),
+    (LORA, "h200", ClusterLayout(gpus=8, tp=2, pp=2, vp=4, cp=2, mbs=1, gbs=8, fp8=True)),
 ])
 def test_pruning_bound_never_exceeds_the_closed_form(w, gpu, lay):
     g, n, f = load_catalog().system(gpu)

@@ -1,6 +1,6 @@
 """The timed MLPerf protocol around a training Engine: init -> run_start -> blocks/evals -> run_stop; N runs; score.
 
-Event protocol (ruleset 4.1.0; ../shared/docs/benchmarks.md):
+Event protocol (ruleset 4.1.0; docs/benchmarks.md sections 1-3):
     cache_clear, init_start, submission_* and hparams, [engine.init: untimed], init_stop, run_start,
     { block_start, train steps up to the next evaluation, block_stop, eval_start, eval_accuracy, eval_stop }*,
     run_stop(status), and for gpt3 train_samples.

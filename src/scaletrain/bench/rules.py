@@ -2,7 +2,7 @@
 breaks, eval cadence (with llama2_70b_lora's skipped first evaluations).
 
 Sources: MLCommons training_policies (training_rules.adoc as of v4.1) and the `mlperf-logging` 4.1.x rules files
-(training_4.1.0/closed_gpt3.yaml, closed_llama2_70b_lora.yaml); summarised in ../shared/docs/benchmarks.md sections
+(training_4.1.0/closed_gpt3.yaml, closed_llama2_70b_lora.yaml); summarised in docs/benchmarks.md sections
 1-2. The compliance checker verifies only what reaches the log and never the warmup/decay/checkpoint values, the
 LR/GBS pairing, the model shape or the eval cadence; `official_rule_violations` checks what the config decides.
 

@@ -347,7 +347,7 @@ def load_full_model(path: Path, verify_mode: str = "sha256", _chain: tuple = ())
         # are loaded below. Callers that want plain weights use model.lora.merge_lora.
         from scaletrain.model.lora import apply_lora, init_lora
         if cfg.checkpoint.init_from:
-            from scaletrain.checkpoint.base import read_base_state
+            from scaletrain.checkpoint.init_from import read_base_state
             base = read_base_state(cfg.checkpoint.init_from, _chain=(*_chain, str(path.resolve())))
             model.load_state_dict(base[1], strict=False)
         apply_lora(model, cfg.lora)

@@ -3,6 +3,8 @@
 Modules: indexed (.bin/.idx read/write, DataError), tokenizer, samples (TrainSamples, ValidSamples),
 prepare (raw text -> dataset, checked loading), corpus (default corpus and packaged excerpt),
 sft (input/output pairs packed for fine-tuning, loss on outputs only), kjv (the SFT proxy set: King James Bible).
+May import numpy/torch, `config` and `model.loss` (IGNORE_INDEX, the loss's label convention, defined once there;
+`model/` imports nothing from `data/`); never `parallel`, `checkpoint`, `train`, `bench`, `sim` or `cli`.
 Only DataError is imported here, so `import scaletrain.data` stays cheap (no torch).
 """
 

@@ -18,9 +18,10 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from scaletrain.model.loss import IGNORE_INDEX  # the loss's convention; model/loss.py imports nothing from data/
+
 from .indexed import DataError, IndexedDataset
 
-IGNORE_INDEX = -100
 PAD_TOKEN = 0
 
 

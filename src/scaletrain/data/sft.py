@@ -35,9 +35,11 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from scaletrain.model.loss import IGNORE_INDEX
+
 from .indexed import DataError, IndexedDatasetWriter, best_dtype
 from .prepare import json_lines, load_dataset, meta_path, read_meta
-from .samples import IGNORE_INDEX, PAD_TOKEN, TrainSamples, ValidSamples
+from .samples import PAD_TOKEN, TrainSamples, ValidSamples
 from .tokenizer import Tokenizer
 
 # Field names tried in order when none is given: the generic pair, then GovReport's own (SCROLLS uses input/output).

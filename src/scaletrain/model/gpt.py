@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from scaletrain.config import ModelConfig
-from scaletrain.data.samples import IGNORE_INDEX  # the label convention is the data's; the loss honours it
 from scaletrain.model.init import normal_
 
 
@@ -152,9 +151,3 @@ class GPT(nn.Module):
         if self.head is None:
             return x
         return self.head(self.ln_f(x))
-
-
-def loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed token cross-entropy over unmasked labels (fp32), so callers can normalise by any token count."""
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
-                           reduction="sum")

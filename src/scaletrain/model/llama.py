@@ -10,7 +10,7 @@ Two fused weights have row orders chosen so that a contiguous 1/tp row shard (co
 
 * `attn.qkv` rows are (kv_group, [q_0 .. q_{r-1}, k, v], head_dim) with r = n_heads / n_kv_heads: group g holds
   its r query heads (HF q heads g*r .. g*r+r-1), then HF k head g, then v head g. A shard is whole KV groups
-  (needs n_kv_heads % tp == 0). `checkpoint/hf_llama.py` converts to and from HF's q_proj/k_proj/v_proj.
+  (needs n_kv_heads % tp == 0). `checkpoint/hf/llama.py` converts to and from HF's q_proj/k_proj/v_proj.
 * `mlp.fc` rows are (ffn_index, gate|up): row 2i is HF gate_proj row i, row 2i+1 is up_proj row i. Any tp that
   divides d_ff keeps each gate row with its up row, so SwiGLU needs no communication.
 

@@ -26,7 +26,8 @@ import torch
 from scaletrain.config import Config
 from scaletrain.parallel.layout import Layout, LayoutError
 
-# Usable device memory in GB (10^9 bytes, as vendors quote it). Sources: vendor datasheets (../shared/docs).
+# Usable device memory in GB (10^9 bytes, as vendors quote it). Sources: vendor datasheets (docs/perf-model.md,
+# Hardware).
 DEVICE_MEMORY_GB = {"a100": 80.0, "h100": 80.0, "h200": 141.0, "b200": 180.0, "gb200": 186.0, "gb300": 288.0}
 RUNTIME_RESERVE_GIB = 4.0
 

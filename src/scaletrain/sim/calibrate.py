@@ -21,7 +21,7 @@ from scaletrain.sim.efficiency import GENERATION, Efficiency
 from scaletrain.sim.predict import eval_time, expected_convergence
 from scaletrain.sim.results import PublishedResult
 from scaletrain.sim.step import step_time
-from scaletrain.sim.workload import Layout, load_workload
+from scaletrain.sim.workload import ClusterLayout, load_workload
 
 WORKLOAD_OF = {"gpt3": "gpt3", "llama2_70b_lora": "llama2_70b_lora"}
 SHARED = ("tp_exposed", "dp_overlap", "overlap_slowdown", "step_overhead_s", "eval_eff")
@@ -49,13 +49,13 @@ def row_system(row: PublishedResult) -> tuple[str, str]:
     return node, fabric
 
 
-def row_layout(row: PublishedResult) -> Layout:
+def row_layout(row: PublishedResult) -> ClusterLayout:
     """The simulator layout of a published row.
 
-    FP8 rows are NVIDIA's MLPerf recipes, which reduce gradients in bf16 (perf-model.md: "a distributed optimizer
+    FP8 rows are NVIDIA's MLPerf recipes, which reduce gradients in bf16 (docs/perf-model.md: "a distributed optimizer
     with bf16 gradient reduction").
     """
-    return Layout(gpus=row.gpus, tp=row.tp, pp=row.pp, vp=row.vp, cp=row.cp, mbs=row.mbs, gbs=row.gbs,
+    return ClusterLayout(gpus=row.gpus, tp=row.tp, pp=row.pp, vp=row.vp, cp=row.cp, mbs=row.mbs, gbs=row.gbs,
                   sp=row.tp > 1, fp8=row.fp8, bf16_grads=row.fp8)
 
 
@@ -240,7 +240,7 @@ def _gemm_curve(points: list[dict], dtype: str) -> tuple:
 def _shape(entry: dict):
     from scaletrain.sim.workload import load_workload
     w = load_workload(entry["model"], tuple(entry.get("set", ())))
-    return w, Layout(gpus=1, mbs=int(entry["mbs"]), gbs=int(entry["mbs"]), sp=False, fp8=bool(entry.get("fp8")),
+    return w, ClusterLayout(gpus=1, mbs=int(entry["mbs"]), gbs=int(entry["mbs"]), sp=False, fp8=bool(entry.get("fp8")),
                      zero=0)
 
 

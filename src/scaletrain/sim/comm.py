@@ -2,7 +2,7 @@
 
 Sizes are bytes of the whole buffer S (what nccl-tests calls the message size); bandwidths are nccl-tests bus
 bandwidths in GB/s, so the bandwidth term of a ring all-reduce is 2(n-1)/n * S / busbw and of a reduce-scatter
-or all-gather (n-1)/n * S / busbw (../shared/docs/perf-model.md).
+or all-gather (n-1)/n * S / busbw (docs/perf-model.md, Communication).
 """
 
 from __future__ import annotations

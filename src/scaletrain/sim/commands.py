@@ -18,14 +18,14 @@ from scaletrain.sim.catalog import load_catalog
 from scaletrain.sim.efficiency import efficiency_for
 from scaletrain.sim.predict import Prediction, predict
 from scaletrain.sim.results import bundled_results, load_results
-from scaletrain.sim.workload import Layout, load_workload
+from scaletrain.sim.workload import ClusterLayout, load_workload
 
 
-def _layout(args) -> Layout:
+def _layout(args) -> ClusterLayout:
     gbs = args.gbs or {"gpt3-175b": 2048, "gpt3": 2048, "llama2_70b_lora": 8, "llama2-70b-lora": 8}.get(args.model, 0)
     if not gbs:
         raise ValueError("--gbs is required for models that are not an MLPerf benchmark")
-    return Layout(gpus=args.gpus, tp=args.tp, pp=args.pp, vp=args.vp, cp=args.cp, mbs=args.mbs, gbs=gbs,
+    return ClusterLayout(gpus=args.gpus, tp=args.tp, pp=args.pp, vp=args.vp, cp=args.cp, mbs=args.mbs, gbs=gbs,
                   sp=not args.no_sp, recompute=args.recompute, fp8=args.fp8, zero=args.zero, schedule=args.schedule,
                   bf16_grads=args.grad_dtype == "bf16" or (args.grad_dtype == "auto" and args.fp8))
 
@@ -253,7 +253,7 @@ def _calibrate_runs(run_dirs: list[str], gpu: str | None, base: str | None, cat)
         measured = statistics.median(r["step_time_s"] for r in records[len(records) // 3:])  # past warm-up
         p = cfg.parallel
         dp = world // (p.tp * p.pp * p.cp)
-        layout = Layout(gpus=world, tp=p.tp, pp=p.pp, vp=p.pp_virtual, cp=p.cp, mbs=cfg.train.micro_batch_size,
+        layout = ClusterLayout(gpus=world, tp=p.tp, pp=p.pp, vp=p.pp_virtual, cp=p.cp, mbs=cfg.train.micro_batch_size,
                         gbs=cfg.train.global_batch_size, sp=p.sequence_parallel, recompute=p.activation_checkpoint,
                         fp8=getattr(cfg.train, "fp8", False), zero=3 if p.dp_shard * dp > 1 else 0,
                         schedule=p.pp_schedule if p.pp > 1 else "")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scaletrain.sim.catalog import GPU
-from scaletrain.sim.workload import Layout, Workload
+from scaletrain.sim.workload import ClusterLayout, Workload
 
 TB = 1e12
 
@@ -57,7 +57,7 @@ def _interp_curve(curve, gflop: float) -> float:
     return pts[-1][1]
 
 
-def layer_gemms(w: Workload, layout: Layout) -> list[tuple[int, int, int]]:
+def layer_gemms(w: Workload, layout: ClusterLayout) -> list[tuple[int, int, int]]:
     """(M, N, K) of the forward GEMMs of one layer and micro-batch on one GPU (adapters included)."""
     t = layout.tp
     m = layout.mbs * w.seq_len // layout.cp
@@ -73,7 +73,7 @@ def layer_gemms(w: Workload, layout: Layout) -> list[tuple[int, int, int]]:
     return gemms
 
 
-def layer_times(w: Workload, layout: Layout, gpu: GPU, gemm_eff: float) -> LayerTimes:
+def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float) -> LayerTimes:
     """Forward and backward seconds of one transformer layer for one micro-batch on one GPU."""
     t, cp, b, s = layout.tp, layout.cp, layout.mbs, w.seq_len
     tokens = b * s // cp
@@ -108,7 +108,7 @@ def layer_times(w: Workload, layout: Layout, gpu: GPU, gemm_eff: float) -> Layer
     return LayerTimes(fwd=fwd, bwd=bwd, attn_fwd=attn_f, gemm_fwd=gemm_f)
 
 
-def logits_times(w: Workload, layout: Layout, gpu: GPU, gemm_eff: float) -> tuple[float, float]:
+def logits_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float) -> tuple[float, float]:
     """(forward, backward) seconds of the output layer and loss on the last pipeline stage (bf16)."""
     tokens = layout.mbs * w.seq_len // layout.cp
     one = gemm_time(gpu, 2.0 * tokens * w.hidden * w.vocab / layout.tp, False, gemm_eff)
@@ -118,7 +118,7 @@ def logits_times(w: Workload, layout: Layout, gpu: GPU, gemm_eff: float) -> tupl
     return one + ce, one * (2 if trained_head else 1) + ce
 
 
-def embedding_times(w: Workload, layout: Layout, gpu: GPU) -> tuple[float, float]:
+def embedding_times(w: Workload, layout: ClusterLayout, gpu: GPU) -> tuple[float, float]:
     """(forward, backward) seconds of the input embedding on the first stage (a gather; memory-bound)."""
     tokens = layout.mbs * w.seq_len // layout.cp
     moved = 2 * 2 * tokens * w.hidden / (layout.tp if layout.sp else 1)

@@ -1,7 +1,7 @@
 """The few free scalars of the model, one set per hardware/software release, fitted by `calibrate`.
 
 Everything else (kernel ceilings, link bandwidths, formulas) comes from measurements and the workload; these
-scalars absorb what a framework release does with them (perf-model.md: "software efficiency is an input").
+scalars absorb what a framework release does with them (docs/perf-model.md: "software efficiency is an input").
 """
 
 from __future__ import annotations

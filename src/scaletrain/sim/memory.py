@@ -1,14 +1,14 @@
 """Memory per GPU: weights, gradients, optimizer state and activations on the most loaded pipeline rank.
 
-Formulas are ../docs/perf-model.md "Memory" (mixed-precision Adam bytes/parameter) and Korthikanti et al. 2022,
+Formulas are docs/perf-model.md "Memory" (mixed-precision Adam bytes/parameter) and Korthikanti et al. 2022,
 "Reducing Activation Recomputation in Large Transformer Models", Table 2 (16-bit activations). Assumptions:
 - Flash attention everywhere: the 5·a·s/h attention-score term (softmax, its dropout mask, dropout output) is never
   stored, and its per-row log-sum-exp (4·a·s·b bytes, ~0.1% of a layer) is ignored. Selective recomputation, which
   exists to drop exactly that term, therefore stores the same as none.
 - FP8 (Transformer Engine) saves a 1-byte copy of each GEMM input for the weight gradient instead of the 16-bit one;
   the attention output is the exception: flash keeps it in 16-bit for its own backward, so the projection's FP8 copy
-  is extra. Q, K, V stay 16-bit (no FP8 attention). Weights stay at perf-model's bf16 bytes, except a LoRA's frozen
-  base, which NeMo's MLPerf LoRA keeps as FP8 parameters (1 byte).
+  is extra. Q, K, V stay 16-bit (no FP8 attention). Weights stay at the bf16 bytes of docs/perf-model.md "Memory",
+  except a LoRA's frozen base, which NeMo's MLPerf LoRA keeps as FP8 parameters (1 byte).
 - The optimizer is sharded over d = dp·cp (Megatron's distributed optimizer spans the data- and context-parallel
   ranks, which hold identical weights).
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
-from scaletrain.sim.workload import Layout, Workload
+from scaletrain.sim.workload import ClusterLayout, Workload
 
 GIB = 2**30
 """Bytes in a GiB (what allocators and nvidia-smi report)."""
@@ -36,7 +36,7 @@ _LORA_INPUTS = {"qkv": ("rep", 1), "proj": ("shard", 1), "fc1": ("rep", 1), "fc2
 
 
 def bytes_per_param(zero: int, d: int, bf16_grads: bool = False) -> tuple[float, float, float]:
-    """(weights, grads, optimizer) bytes per trained parameter for a ZeRO mode, as perf-model.md gives them.
+    """(weights, grads, optimizer) bytes per trained parameter for a ZeRO mode, as docs/perf-model.md gives them.
 
     `bf16_grads`: the distributed optimizer's gradient buffer in bf16 (MLPerf gpt3's bf16 gradient reduction).
     """
@@ -47,7 +47,7 @@ def bytes_per_param(zero: int, d: int, bf16_grads: bool = False) -> tuple[float,
     return 2.0 / d, 2.0 / d, 12.0 / d  # ZeRO-3: "(4+12)/d"
 
 
-def _layer_terms(w: Workload, layout: Layout, dropout: bool) -> tuple[float, float]:
+def _layer_terms(w: Workload, layout: ClusterLayout, dropout: bool) -> tuple[float, float]:
     """Bytes per token of one layer as (replicated, sharded): the first group is hidden-wide tensors TP leaves whole
     (only SP splits them), the second what TP splits by t. GPT-3, 16-bit, with dropout: 10·h and 24·h, i.e. 34·h.
 
@@ -76,7 +76,7 @@ def _layer_terms(w: Workload, layout: Layout, dropout: bool) -> tuple[float, flo
     return rep, shard
 
 
-def activation_bytes_per_layer(w: Workload, layout: Layout, dropout: bool = True) -> float:
+def activation_bytes_per_layer(w: Workload, layout: ClusterLayout, dropout: bool = True) -> float:
     """Activation bytes one transformer layer keeps for one micro-batch on one GPU (Korthikanti Table 2, flash).
 
     TP+SP: 34·s·b·h/t for GPT-3; TP without SP: s·b·h·(10 + 24/t); full recomputation: only the layer input,
@@ -93,7 +93,7 @@ def activation_bytes_per_layer(w: Workload, layout: Layout, dropout: bool = True
     return s * b * (rep / sp_div + shard / t)
 
 
-def in_flight_microbatches(layout: Layout, rank: int = 0) -> float:
+def in_flight_microbatches(layout: ClusterLayout, rank: int = 0) -> float:
     """Micro-batches of a pipeline rank's activations held at its peak (rank 0 is the most loaded).
 
     GPipe: all m. 1F1B: min(p − rank, m). Interleaved 1F1B: Megatron's warm-up of (p − rank − 1)·2 + (v − 1)·p
@@ -128,7 +128,7 @@ class MemoryEstimate:
         return {f.name: round(getattr(self, f.name) / (1 if f.name == "in_flight" else GIB), 2) for f in fields(self)}
 
 
-def _rank_memory(w: Workload, layout: Layout, first: bool, last: bool, in_flight: float, dropout: bool):
+def _rank_memory(w: Workload, layout: ClusterLayout, first: bool, last: bool, in_flight: float, dropout: bool):
     t, p, zero = layout.tp, layout.pp, layout.zero
     d = layout.dp * layout.cp
     layers = math.ceil(w.layers / p)
@@ -166,7 +166,7 @@ def _rank_memory(w: Workload, layout: Layout, first: bool, last: bool, in_flight
     return MemoryEstimate(weights, grads, optimizer, act, other, total, in_flight)
 
 
-def memory_per_gpu(w: Workload, layout: Layout, in_flight: float | None = None,
+def memory_per_gpu(w: Workload, layout: ClusterLayout, in_flight: float | None = None,
                    dropout: bool = False) -> MemoryEstimate:
     """Peak memory per GPU on the most loaded pipeline rank (the first or the last stage; one rank when pp = 1).
 

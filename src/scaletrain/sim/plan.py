@@ -1,10 +1,11 @@
 """Layout search: the fastest parallel layouts of a workload on a given number of GPUs.
 
-Enumerate (tp, pp, vp, cp, mbs, gbs, fp8), reject cheaply (divisibility via `Layout.problems`, then memory with the
-closed-form in-flight count), bound each survivor's closed-form step time from per-micro-batch stage costs (cached per
-shape), price them in bound order with `step_time(event=False)` (0.05-0.5 ms each) until the bound alone loses to the
-K-th best price, then event-simulate the best few with `predict` and rank those. What does not depend on the layout
-(catalog entry, efficiency set, cluster, convergence per GBS) is resolved once. gpt3 on 512 to 100,000 GPUs: < 0.5 s.
+Enumerate (tp, pp, vp, cp, mbs, gbs, fp8), reject cheaply (divisibility via `ClusterLayout.problems`, then memory with
+the closed-form in-flight count), bound each survivor's closed-form step time from per-micro-batch stage costs (cached
+per shape), price them in bound order with `step_time(event=False)` (0.05-0.5 ms each) until the bound alone loses to
+the K-th best price, then event-simulate the best few with `predict` and rank those. What does not depend on the
+layout (catalog entry, efficiency set, cluster, convergence per GBS) is resolved once. gpt3 on 512 to 100,000 GPUs:
+< 0.5 s.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import efficiency_for
 from scaletrain.sim.predict import BENCHMARK_OF, Prediction, eval_time, expected_convergence, predict
 from scaletrain.sim.step import stage_costs, step_time
-from scaletrain.sim.workload import Layout, Workload
+from scaletrain.sim.workload import ClusterLayout, Workload
 
 MBS = (1, 2, 4)
 # CP is searched at every sequence length: at 2048 tokens it is slower than DP, but when the GBS cap bounds DP
@@ -86,7 +87,7 @@ def _batches(unit: int, pp: int, vp: int, lo: int, hi: int) -> list[int]:
     return sorted(out)
 
 
-def _fitting(w: Workload, lay: Layout, hbm_gb: float) -> tuple[list[Layout], float]:
+def _fitting(w: Workload, lay: ClusterLayout, hbm_gb: float) -> tuple[list[ClusterLayout], float]:
     """The memory variants of `lay` worth pricing, and the smallest memory seen (bytes).
 
     With ZeRO-1 the cheapest recompute level that fits. ZeRO-3 only when ZeRO-1 needs recomputation or does not fit
@@ -107,7 +108,7 @@ def _fitting(w: Workload, lay: Layout, hbm_gb: float) -> tuple[list[Layout], flo
     return out, least
 
 
-def _bound(w: Workload, lay: Layout, cl: Cluster, eff, cache: dict) -> tuple[float, float]:
+def _bound(w: Workload, lay: ClusterLayout, cl: Cluster, eff, cache: dict) -> tuple[float, float]:
     """(lower bound of the closed-form step seconds, forward seconds of the busiest rank) of `lay`.
 
     The closed form is the busiest rank's work (layers with their exposed TP/CP communication, embedding, logits)
@@ -123,7 +124,7 @@ def _bound(w: Workload, lay: Layout, cl: Cluster, eff, cache: dict) -> tuple[flo
     return lay.microbatches * busiest + (lay.pp - 1) * chunk + eff.step_overhead_s, fwd_s
 
 
-def _tiebreak(lay: Layout) -> tuple:
+def _tiebreak(lay: ClusterLayout) -> tuple:
     """Stable order among equal scores: fewer GPUs per model replica, then smaller tp, pp, vp, cp, mbs, gbs."""
     return (lay.tp * lay.pp * lay.cp, lay.tp, lay.pp, lay.vp, lay.cp, lay.mbs, lay.gbs,
             RECOMPUTE.index(lay.recompute), lay.zero, not lay.fp8)
@@ -169,7 +170,7 @@ def plan(w: Workload, gpu: str, gpus: int, node: str | None = None, fabric: str 
     cl = Cluster(g, n, f, gpus)
     runs: dict[int, object] = {}  # gbs -> expected steps and evaluations
 
-    def score(lay: Layout, step_s: float, fwd_s: float) -> float:
+    def score(lay: ClusterLayout, step_s: float, fwd_s: float) -> float:
         """The objective (lower is better) of `lay` at `step_s` seconds per step, `fwd_s` forward per micro-batch."""
         if objective == "throughput":
             return -lay.gbs * w.seq_len / step_s / gpus
@@ -190,7 +191,8 @@ def plan(w: Workload, gpu: str, gpus: int, node: str | None = None, fabric: str 
                 for prec in precisions:
                     searched += 1
                     # FP8 runs follow NVIDIA's MLPerf recipes, which reduce gradients in bf16 (as `calibrate` does).
-                    lay = Layout(gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, mbs=mbs, gbs=b, fp8=prec, bf16_grads=prec)
+                    lay = ClusterLayout(gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, mbs=mbs, gbs=b, fp8=prec,
+                                        bf16_grads=prec)
                     problems = lay.problems(w)
                     if problems:
                         rejected[re.sub(r"\d+", "N", problems[0])] += 1

@@ -11,7 +11,7 @@ from scaletrain.sim.catalog import Catalog, load_catalog
 from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import Efficiency, efficiency_for
 from scaletrain.sim.step import step_time
-from scaletrain.sim.workload import Layout, Workload
+from scaletrain.sim.workload import ClusterLayout, Workload
 
 # Which MLPerf benchmark a preset is (for steps, evaluations and time-to-train).
 BENCHMARK_OF = {"gpt3-175b": "gpt3", "llama2-70b-lora": "llama2_70b_lora"}
@@ -81,7 +81,7 @@ def expected_convergence(bench: str, gbs: int, converge: float | None = None) ->
     return ExpectedRun(steps, steps / interval - skip, b.eval_tokens)
 
 
-def eval_time(w: Workload, layout: Layout, fwd_rank_s: float, eval_tokens: int, eff: Efficiency) -> float:
+def eval_time(w: Workload, layout: ClusterLayout, fwd_rank_s: float, eval_tokens: int, eff: Efficiency) -> float:
     """Seconds for one evaluation pass: forward only over the eval set, split across DP replicas, pipelined."""
     seqs = math.ceil(eval_tokens / w.seq_len)
     micro = math.ceil(seqs / (layout.dp * layout.mbs))
@@ -89,7 +89,7 @@ def eval_time(w: Workload, layout: Layout, fwd_rank_s: float, eval_tokens: int, 
     return pipe * fwd_rank_s / eff.eval_eff
 
 
-def predict(w: Workload, layout: Layout, gpu: str, node: str | None = None, fabric: str | None = None,
+def predict(w: Workload, layout: ClusterLayout, gpu: str, node: str | None = None, fabric: str | None = None,
             calibration: str | None = None, eff: Efficiency | None = None, converge: float | None = None,
             catalog: Catalog | None = None, event: bool = True, benchmark: str | None = None) -> Prediction:
     """Predict one configuration. `eff` overrides the fitted set picked by `calibration` (a release)."""
@@ -136,7 +136,7 @@ def predict(w: Workload, layout: Layout, gpu: str, node: str | None = None, fabr
                       breakdown=st.breakdown, ttt_breakdown=ttt_parts)
 
 
-def _layout_dict(layout: Layout) -> dict:
+def _layout_dict(layout: ClusterLayout) -> dict:
     d = asdict(layout)
     d["dp"] = layout.dp
     d["microbatches"] = layout.microbatches if layout.dp > 0 and layout.mbs > 0 else 0

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from scaletrain.sim import compute, schedule
 from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import Efficiency
-from scaletrain.sim.workload import Layout, Workload
+from scaletrain.sim.workload import ClusterLayout, Workload
 
 BF16 = 2
 # Optimizer step bytes per locally-owned parameter: read fp32 master, two moments and the gradient, write the
@@ -44,7 +44,7 @@ def _trainable_per_layer(w: Workload, t: int) -> float:
     return w.layer_params / t
 
 
-def _tp_comm(w: Workload, layout: Layout, cl: Cluster) -> float:
+def _tp_comm(w: Workload, layout: ClusterLayout, cl: Cluster) -> float:
     """TP seconds per layer per micro-batch, one direction (forward; backward moves the same)."""
     t = layout.tp
     if t == 1:
@@ -55,7 +55,7 @@ def _tp_comm(w: Workload, layout: Layout, cl: Cluster) -> float:
     return 2 * cl.collective("all_reduce", t, size)
 
 
-def _cp_comm(w: Workload, layout: Layout, cl: Cluster) -> float:
+def _cp_comm(w: Workload, layout: ClusterLayout, cl: Cluster) -> float:
     """CP seconds per layer per micro-batch forward: all-gather of this rank's K and V shards."""
     c = layout.cp
     if c == 1:
@@ -64,7 +64,7 @@ def _cp_comm(w: Workload, layout: Layout, cl: Cluster) -> float:
     return cl.collective("all_gather", c, kv, stride=layout.tp)
 
 
-def stage_costs(w: Workload, layout: Layout, cl: Cluster, eff: Efficiency):
+def stage_costs(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency):
     """Per (rank, chunk) forward/backward seconds of one micro-batch, plus the pieces for the breakdown."""
     p, v = layout.pp, layout.vp
     per_chunk = w.layers // (p * v)
@@ -92,7 +92,8 @@ def stage_costs(w: Workload, layout: Layout, cl: Cluster, eff: Efficiency):
 _BUCKET_PARAMS = 40e6
 
 
-def _dp_buckets(w: Workload, layout: Layout, cl: Cluster, rank: int, chunk: int) -> tuple[list[float], list[float]]:
+def _dp_buckets(w: Workload, layout: ClusterLayout, cl: Cluster, rank: int,
+                chunk: int) -> tuple[list[float], list[float]]:
     """(reduce-scatter, all-gather) seconds of the DP buckets of one chunk on one rank, in backward order.
 
     Gradients are reduced in `layout.bf16_grads` precision (all-reduced when zero = 0); parameters are gathered in
@@ -177,7 +178,7 @@ def _dp_timing(w, layout, cl, eff, ranks, fwd, bwd, lbe, ffs, makespan) -> tuple
     return exposed, hidden
 
 
-def step_time(w: Workload, layout: Layout, cl: Cluster, eff: Efficiency, event: bool = True) -> StepResult:
+def step_time(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency, event: bool = True) -> StepResult:
     """Seconds per step of `w` under `layout` on cluster `cl` with software efficiencies `eff`.
 
     event=False replaces the pipeline event simulation by its closed form on the busiest rank (what the

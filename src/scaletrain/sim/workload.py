@@ -18,7 +18,7 @@ MODEL_ALIASES = {"gpt3": "gpt3-175b", "llama2_70b_lora": "llama2-70b-lora"}
 
 @dataclass(frozen=True)
 class Workload:
-    """Model shape and training kind, in the notation of ../docs (h, s, a, l, V)."""
+    """Model shape and training kind, in the notation of docs/perf-model.md (h, s, a, l, V)."""
 
     name: str
     """Preset name it came from."""
@@ -105,7 +105,7 @@ def load_workload(model: str, overrides: tuple[str, ...] = ()) -> Workload:
 
 
 @dataclass(frozen=True)
-class Layout:
+class ClusterLayout:
     """A parallel layout and batch shape for the simulator (Megatron notation: t, p, v, d, c, b, B)."""
 
     gpus: int
@@ -204,4 +204,4 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-__all__ = ["Workload", "Layout", "load_workload", "workload_from_config", "MODEL_ALIASES", "ceil_div"]
+__all__ = ["Workload", "ClusterLayout", "load_workload", "workload_from_config", "MODEL_ALIASES", "ceil_div"]

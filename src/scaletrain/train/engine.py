@@ -22,9 +22,8 @@ import torch.distributed as dist
 
 from scaletrain.bench.harness import NonFiniteLoss
 from scaletrain.config import Config
-from scaletrain.data.samples import IGNORE_INDEX
 from scaletrain.model.flops import flops_per_token, peak_tflops
-from scaletrain.model.gpt import loss_sum
+from scaletrain.model.loss import IGNORE_INDEX, loss_sum
 from scaletrain.parallel.layout import Layout
 from scaletrain.train.distributed import init_distributed, local_rank
 from scaletrain.train.grad_norm import align_grad_placements, clip_grads_, total_grad_norm
@@ -243,7 +242,7 @@ class Trainer:
                                       trainer_state(self.step, self.cfg, self.layout, harness_state))
 
     def _load_init_weights(self) -> None:
-        from scaletrain.checkpoint.base import check_compatible, load_base_weights, read_base_state
+        from scaletrain.checkpoint.init_from import check_compatible, load_base_weights, read_base_state
         where = self.cfg.checkpoint.init_from
         saved, state = read_base_state(where)
         check_compatible(self.cfg.model, saved, where)

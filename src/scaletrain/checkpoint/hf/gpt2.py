@@ -16,16 +16,11 @@ token embedding in both models, so only `transformer.wte.weight` is written and 
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import pickle
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
+from scaletrain.checkpoint.hf.common import load_tensors, publish_hf_dir, read_config_json, vocab_multiple_for
 from scaletrain.config import ModelConfig
 
 _BLOCK = {"ln1": "ln_1", "ln2": "ln_2", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj",
@@ -66,26 +61,13 @@ def _hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
             "scaletrain_vocab_size": cfg.vocab_size, "scaletrain_vocab_multiple": cfg.vocab_multiple}
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)  # directories too: their entries must reach disk before the rename counts
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def export_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dtype=torch.float32) -> Path:
-    """Write a full (unsharded) scaletrain state dict as a Hugging Face GPT-2 directory; returns its path.
+def export_gpt2_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dtype=torch.float32) -> Path:
+    """Write a full (unsharded) scaletrain gpt3 state dict as a Hugging Face GPT-2 directory; returns its path.
 
     `out_dir` gets `config.json` and `model.safetensors` with tensors cast to `dtype`. It is built in a temporary
     sibling directory and renamed into place only when complete, so a failed export leaves any previous export
     at `out_dir` untouched. Raises ValueError on a missing, unexpected or wrongly shaped key, or an untied head.
     """
-    if cfg.arch == "llama":  # Hugging Face LlamaForCausalLM instead of GPT-2; same directory protocol
-        from scaletrain.checkpoint.hf_llama import export_llama_hf
-        return export_llama_hf(state_dict, cfg, out_dir, dtype)
-    from safetensors import torch as st  # optional dependency: only exporting/importing needs it
-
     if not dtype.is_floating_point:
         raise ValueError(f"export_hf: dtype={dtype} is not a floating-point dtype")
     expected = _expected_shapes(cfg)
@@ -129,77 +111,7 @@ def export_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dt
     return publish_hf_dir(Path(out_dir), _hf_config(cfg, dtype), out, "export_hf")
 
 
-def publish_hf_dir(out_dir: Path, config: dict, tensors: dict[str, torch.Tensor], who: str) -> Path:
-    """Write config.json + model.safetensors into `out_dir` atomically: a temp dir swapped in by rename.
-
-    Replacing means deleting: only ever replace an empty directory or one that looks like an earlier export.
-    """
-    from safetensors import torch as st
-    if out_dir.exists() and not (out_dir.is_dir() and ((out_dir / "config.json").is_file()
-                                                       or not any(out_dir.iterdir()))):
-        raise FileExistsError(f"{who}: {out_dir} exists and is not an HF export; refusing to replace it")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        # transformers 4.x refuses safetensors files without a "format" entry in their metadata.
-        st.save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        for name in ("config.json", "model.safetensors"):
-            _fsync(tmp / name)
-        _fsync(tmp)
-        old = tmp.with_name(tmp.name.replace(".tmp-", ".old-"))
-        if out_dir.exists():
-            # rename() cannot replace a non-empty directory: move the old export aside, then swap the new one in.
-            os.replace(out_dir, old)
-        try:
-            os.replace(tmp, out_dir)
-        except BaseException:
-            if old.exists():
-                os.replace(old, out_dir)
-            raise
-        _fsync(out_dir.parent)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out_dir
-
-
-def _vocab_multiple(vocab: int, rows: int, recorded) -> int:
-    """A vocab_multiple under which `vocab` pads to exactly `rows`: the recorded one, else the largest power of 2."""
-    candidates = ([recorded] if isinstance(recorded, int) and recorded > 0 else []) + [2 ** k for k in range(7, -1, -1)]
-    for m in candidates + [rows]:  # m = rows always works once vocab <= rows
-        if math.ceil(vocab / m) * m == rows:
-            return m
-    raise AssertionError("unreachable")
-
-
-def _load_tensors(path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
-    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
-    if single.is_file() or index.is_file():
-        from safetensors.torch import load_file
-    if single.is_file():
-        return single, load_file(str(single))
-    if index.is_file():  # sharded by HF's save_pretrained for big models
-        tensors = {}
-        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-            tensors.update(load_file(str(path / shard)))
-        return index, tensors
-    binary = path / "pytorch_model.bin"
-    if binary.is_file():
-        try:  # weights_only: a checkpoint from elsewhere must never run code while unpickling
-            tensors = torch.load(binary, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ValueError(f"{binary}: refused, holds more than tensors (loaded with weights_only=True): "
-                             f"{first}") from None
-        if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
-            raise ValueError(f"{binary}: not a flat dict of tensors")
-        return binary, tensors
-    raise FileNotFoundError(f"{path}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
-
-
-def import_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def import_gpt2_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Read a Hugging Face GPT-2 directory into (ModelConfig, scaletrain state dict).
 
     Accepts `model.safetensors` (single or sharded) or `pytorch_model.bin` (tensors only, never arbitrary pickle).
@@ -207,10 +119,7 @@ def import_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     FileNotFoundError for a missing directory or file and ValueError for anything that is not a plain GPT-2.
     """
     path = Path(path)
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise FileNotFoundError(f"{cfg_file}: no such file")
-    hf = json.loads(cfg_file.read_text())
+    cfg_file, hf = read_config_json(path)
     problems = {"model_type": (hf.get("model_type"), ("gpt2",)),
                 "activation_function": (hf.get("activation_function", "gelu_new"), _TANH_GELUS),
                 "scale_attn_weights": (hf.get("scale_attn_weights", True), (True,)),
@@ -231,11 +140,11 @@ def import_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         raise ValueError(f"{cfg_file}: scaletrain_vocab_size={vocab} does not fit vocab_size={rows}")
     cfg = ModelConfig(n_layers=n_layers, d_model=d, n_heads=n_heads, d_ff=int(hf.get("n_inner") or 0),
                       seq_len=seq_len, vocab_size=vocab,
-                      vocab_multiple=_vocab_multiple(vocab, rows, hf.get("scaletrain_vocab_multiple")),
+                      vocab_multiple=vocab_multiple_for(vocab, rows, hf.get("scaletrain_vocab_multiple")),
                       ln_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
                       init_std=float(hf.get("initializer_range", ModelConfig.init_std)))
 
-    source, raw = _load_tensors(path)
+    source, raw = load_tensors(path)
     # Original OpenAI-converted files have no "transformer." prefix and carry the causal-mask buffers.
     tensors = {k.removeprefix("transformer."): v for k, v in raw.items()
                if not k.endswith((".attn.bias", ".attn.masked_bias"))}

@@ -15,12 +15,11 @@ tokenizer's real size under "scaletrain_vocab_size".
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from scaletrain.checkpoint.hf import _load_tensors, _vocab_multiple, publish_hf_dir
+from scaletrain.checkpoint.hf.common import load_tensors, publish_hf_dir, read_config_json, vocab_multiple_for
 from scaletrain.config import ModelConfig
 from scaletrain.model.llama import ROPE_THETA
 
@@ -130,10 +129,7 @@ def import_llama_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     (biases, rotary scaling or another theta, a head_dim other than hidden/heads, another activation).
     """
     path = Path(path)
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise FileNotFoundError(f"{cfg_file}: no such file")
-    hf = json.loads(cfg_file.read_text())
+    cfg_file, hf = read_config_json(path)
     try:
         rows, d, f = int(hf["vocab_size"]), int(hf["hidden_size"]), int(hf["intermediate_size"])
         n_layers, n_heads = int(hf["num_hidden_layers"]), int(hf["num_attention_heads"])
@@ -155,10 +151,10 @@ def import_llama_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     vocab = int(hf.get("scaletrain_vocab_size", rows))
     cfg = ModelConfig(arch="llama", n_layers=n_layers, d_model=d, n_heads=n_heads, n_kv_heads=n_kv, d_ff=f,
                       seq_len=int(hf.get("max_position_embeddings", 2048)), vocab_size=vocab,
-                      vocab_multiple=_vocab_multiple(vocab, rows, hf.get("scaletrain_vocab_multiple")),
+                      vocab_multiple=vocab_multiple_for(vocab, rows, hf.get("scaletrain_vocab_multiple")),
                       ln_eps=float(hf.get("rms_norm_eps", 1e-6)),
                       init_std=float(hf.get("initializer_range", 0.02)))
-    source, tensors = _load_tensors(path)
+    source, tensors = load_tensors(path)
     tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}  # old saves carry it
     if "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
         tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()

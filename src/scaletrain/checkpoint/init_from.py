@@ -61,10 +61,9 @@ def _read_hf(p: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         hf = json.loads((p / "config.json").read_text())
         if not isinstance(hf, dict):
             raise ValueError(f"{p / 'config.json'}: not a JSON object")
+        from scaletrain.checkpoint.hf import import_hf, import_llama_hf
         if hf.get("model_type", "") == "llama":
-            from scaletrain.checkpoint.hf_llama import import_llama_hf
             return import_llama_hf(p)
-        from scaletrain.checkpoint.hf import import_hf
         return import_hf(p)
     except (ValueError, TypeError, KeyError, SafetensorError) as exc:  # a file that is not what it claims to be
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

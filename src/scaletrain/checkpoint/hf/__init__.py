@@ -1,0 +1,33 @@
+"""Hugging Face export and import of scaletrain weights: one converter module per architecture (gpt2.py for gpt3,
+llama.py for llama) over the shared directory and tensor I/O in common.py.
+
+May import `config`, `model` (the Llama rotary constant) and torch/safetensors; nothing else in `checkpoint`
+imports back into it except `init_from` (reading a Hugging Face directory as a run's initial weights).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from scaletrain.checkpoint.hf.common import publish_hf_dir
+from scaletrain.checkpoint.hf.gpt2 import export_gpt2_hf, import_gpt2_hf
+from scaletrain.checkpoint.hf.llama import export_llama_hf, import_llama_hf
+from scaletrain.config import ModelConfig
+
+__all__ = ["export_hf", "import_hf", "export_gpt2_hf", "import_gpt2_hf", "export_llama_hf", "import_llama_hf",
+           "publish_hf_dir"]
+
+# GPT-2 reading keeps its historical public name; a Llama directory goes through import_llama_hf.
+import_hf = import_gpt2_hf
+
+
+def export_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dtype=torch.float32) -> Path:
+    """Write a full (unsharded) state dict as the Hugging Face directory of its architecture; returns its path.
+
+    gpt3 becomes `GPT2LMHeadModel`, llama `LlamaForCausalLM` (see gpt2.py / llama.py for the conversions).
+    """
+    if cfg.arch == "llama":
+        return export_llama_hf(state_dict, cfg, out_dir, dtype)
+    return export_gpt2_hf(state_dict, cfg, out_dir, dtype)
