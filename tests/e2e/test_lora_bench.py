@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from scaletrain.bench.proxy_base import ensure_proxy_base
+from scaletrain.checkpoint.checkpointer import load_full_model
 from scaletrain.cli import main
 from scaletrain.config import resolve
 from scaletrain.data import kjv
@@ -19,19 +23,16 @@ MODEL = ["model.vocab_size=1024", "model.n_layers=2", "model.d_model=64", "model
 
 @pytest.fixture(scope="module")
 def base_checkpoint(excerpt_corpus, tmp_path_factory):
-    """A tiny Llama trained a few steps on the Shakespeare excerpt and saved as a scaletrain checkpoint."""
-    root = tmp_path_factory.mktemp("base")
-    cfg = resolve("llama-proxy", overrides=[*MODEL, f"data.train_prefix={excerpt_corpus.train_prefix}",
-                                            f"data.valid_prefix={excerpt_corpus.valid_prefix}",
-                                            f"data.tokenizer={excerpt_corpus.tokenizer}", "train.global_batch_size=16",
-                                            "train.micro_batch_size=16", f"train.run_dir={root}"])
-    engine = Trainer(cfg, root)
-    engine.init()
-    for _ in range(4):
-        engine.train_step()
-    engine.save_checkpoint({})
-    engine.finish({})
-    return root, {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
+    """A tiny Llama base built by the benchmark's own path (bench/proxy_base.py) on the Shakespeare excerpt."""
+    data_dir = tmp_path_factory.mktemp("data")
+    cfg = resolve("llama2-70b-lora-proxy", overrides=[f"data.data_dir={data_dir}", "train.progress=false"])
+    tiny = (*MODEL, f"data.train_prefix={excerpt_corpus.train_prefix}",
+            f"data.valid_prefix={excerpt_corpus.valid_prefix}", f"data.tokenizer={excerpt_corpus.tokenizer}",
+            "train.global_batch_size=16", "train.micro_batch_size=16", "train.target_eval_loss=100")
+    path = ensure_proxy_base(cfg, extra_overrides=tiny)
+    assert ensure_proxy_base(cfg, extra_overrides=tiny) == path      # built once, then reused
+    _, model = load_full_model(path)
+    return Path(path).parents[1], {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def lora_sets(excerpt_corpus, tmp_path, base_root):

@@ -22,8 +22,11 @@ def proxy_base_dir(cfg: Config) -> Path:
     return default_data_dir(cfg.data) / "llama-proxy-base"
 
 
-def ensure_proxy_base(cfg: Config, console=None) -> str:
-    """Path of the proxy base checkpoint, training and saving it first if there is none."""
+def ensure_proxy_base(cfg: Config, console=None, extra_overrides: tuple[str, ...] = ()) -> str:
+    """Path of the proxy base checkpoint, training and saving it first if there is none.
+
+    `extra_overrides` (--set style) change the base's recipe; tests use them to build a tiny base the same way.
+    """
     import os
     root = proxy_base_dir(cfg)
     found = store.complete_checkpoints(root / "checkpoints")
@@ -36,7 +39,8 @@ def ensure_proxy_base(cfg: Config, console=None) -> str:
     from scaletrain.train.engine import Trainer
     base = resolve(BASE_PRESET, overrides=[f"data.data_dir={cfg.data.data_dir}", f"train.run_dir={root}",
                                            f"train.seed={BASE_SEED}", "checkpoint.keep=1",
-                                           f"train.progress={str(cfg.train.progress).lower()}"])
+                                           f"train.progress={str(cfg.train.progress).lower()}",
+                                           *extra_overrides])
     if console is not None:
         console.print(f"[bold]building the proxy base[/bold]: {BASE_PRESET} on the default corpus -> {root} (once)")
     root.mkdir(parents=True, exist_ok=True)
@@ -46,5 +50,6 @@ def ensure_proxy_base(cfg: Config, console=None) -> str:
     if result["status"] != "success":
         raise RuntimeError(f"proxy base training did not reach eval loss {base.train.target_eval_loss}: "
                            f"{result.get('reason')}")
-    engine.save_checkpoint({"steps": result["steps"], "evals": result["evals"], "base": True})
+    # No harness state: the base is loaded as weights (checkpoint.init_from), never resumed as a timed run.
+    engine.save_checkpoint({})
     return str(store.complete_checkpoints(root / "checkpoints")[-1])

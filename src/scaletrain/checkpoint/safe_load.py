@@ -181,6 +181,10 @@ def read_trainer(directory: Path) -> dict:
         problem = f"'seed' is {info['seed']!r}, not an integer"
     elif not isinstance(info.get("harness", {}), dict):
         problem = "'harness' is not an object"
+    elif info.get("harness", {}).get("base") is True:
+        # A llama2_70b_lora proxy base cached by an earlier version ({"steps", "evals", "base": true}): a finished
+        # base that is only ever loaded as weights. Its harness state resumes nothing, so it is dropped.
+        info["harness"] = {}
     elif info.get("harness"):
         h = info["harness"]
         for key in ("steps", "t_start", "mllog_bytes"):
