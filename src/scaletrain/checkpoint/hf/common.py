@@ -70,6 +70,17 @@ def publish_hf_dir(out_dir: Path, config: dict, tensors: dict[str, torch.Tensor]
     return out_dir
 
 
+def check_state_shapes(who: str, sd: dict, expected: dict[str, tuple]) -> None:
+    """ValueError (prefixed with `who`) unless `sd` has exactly the keys of `expected`, each with its shape."""
+    missing, unexpected = sorted(expected.keys() - sd.keys()), sorted(sd.keys() - expected.keys())
+    if missing or unexpected:
+        raise ValueError(f"{who}: state dict does not match the config: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    for key, shape in expected.items():
+        if tuple(sd[key].shape) != shape:
+            raise ValueError(f"{who}: {key} has shape {tuple(sd[key].shape)}, config expects {shape}")
+
+
 def vocab_multiple_for(vocab: int, rows: int, recorded) -> int:
     """A vocab_multiple under which `vocab` pads to exactly `rows`: the recorded one, else the largest power of 2."""
     candidates = ([recorded] if isinstance(recorded, int) and recorded > 0 else []) + [2 ** k for k in range(7, -1, -1)]

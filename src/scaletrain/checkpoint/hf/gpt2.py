@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from scaletrain.checkpoint.hf.common import load_tensors, publish_hf_dir, read_config_json, vocab_multiple_for
+from scaletrain.checkpoint.hf.common import (check_state_shapes, load_tensors, publish_hf_dir, read_config_json,
+                                             vocab_multiple_for)
 from scaletrain.config import ModelConfig
 
 _BLOCK = {"ln1": "ln_1", "ln2": "ln_2", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj",
@@ -73,13 +74,7 @@ def export_gpt2_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_di
     expected = _expected_shapes(cfg)
     sd = dict(state_dict)
     head = sd.pop("head.weight", None)
-    missing, unexpected = sorted(expected.keys() - sd.keys()), sorted(sd.keys() - expected.keys())
-    if missing or unexpected:
-        raise ValueError(f"export_hf: state dict does not match the config: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
-    for key, shape in expected.items():
-        if tuple(sd[key].shape) != shape:
-            raise ValueError(f"export_hf: {key} has shape {tuple(sd[key].shape)}, config expects {shape}")
+    check_state_shapes("export_hf", sd, expected)
     # HF re-ties lm_head to wte on load, so a head that drifted from the embedding would be silently lost.
     if head is not None and head is not sd["embed.tok.weight"] and not torch.equal(head, sd["embed.tok.weight"]):
         raise ValueError("export_hf: head.weight differs from embed.tok.weight; GPT-2 format needs them tied")

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from scaletrain.checkpoint.hf.common import load_tensors, publish_hf_dir, read_config_json, vocab_multiple_for
+from scaletrain.checkpoint.hf.common import (check_state_shapes, load_tensors, publish_hf_dir, read_config_json,
+                                             vocab_multiple_for)
 from scaletrain.config import ModelConfig
 from scaletrain.model.llama import ROPE_THETA
 
@@ -83,13 +84,7 @@ def export_llama_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_d
         raise ValueError(f"export_llama_hf: dtype={dtype} is not a floating-point dtype")
     expected = expected_shapes(cfg)
     sd = dict(state_dict)
-    missing, unexpected = sorted(expected.keys() - sd.keys()), sorted(sd.keys() - expected.keys())
-    if missing or unexpected:
-        raise ValueError(f"export_llama_hf: state dict does not match the config: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
-    for key, shape in expected.items():
-        if tuple(sd[key].shape) != shape:
-            raise ValueError(f"export_llama_hf: {key} has shape {tuple(sd[key].shape)}, config expects {shape}")
+    check_state_shapes("export_llama_hf", sd, expected)
     out: dict[str, torch.Tensor] = {}
 
     def put(name: str, t: torch.Tensor) -> None:
