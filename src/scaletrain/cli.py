@@ -15,19 +15,30 @@ from scaletrain.config import Config, ConfigError, describe, list_presets, resol
 
 DEFAULT_PRESET = "gpt3-proxy"
 # `bench --benchmark NAME` without --preset runs that benchmark's preset.
-BENCHMARK_PRESETS = {"gpt3": "gpt3-175b", "gpt3-proxy": "gpt3-proxy", "llama2_70b_lora": "llama2-70b-lora",
-                     "llama2_70b_lora-proxy": "llama2-70b-lora-proxy"}
+BENCHMARK_PRESETS = {
+    "gpt3": "gpt3-175b",
+    "gpt3-proxy": "gpt3-proxy",
+    "llama2_70b_lora": "llama2-70b-lora",
+    "llama2_70b_lora-proxy": "llama2-70b-lora-proxy",
+}
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default=DEFAULT_PRESET,
-                   help=f"preset name ({', '.join(list_presets())}); default {DEFAULT_PRESET}")
+    p.add_argument(
+        "--preset", default=DEFAULT_PRESET, help=f"preset name ({', '.join(list_presets())}); default {DEFAULT_PRESET}"
+    )
     p.add_argument("--config", metavar="FILE", help="TOML file applied over the preset")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one field, e.g. --set train.seed=7 (repeatable; see `scaletrain config --fields`)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one field, e.g. --set train.seed=7 (repeatable; see `scaletrain config --fields`)",
+    )
 
 
-def _config(args) -> "object":
+def _config(args) -> object:
     return resolve(args.preset, args.config, args.overrides)
 
 
@@ -41,16 +52,19 @@ def cmd_export(args) -> int:
     from scaletrain.checkpoint.checkpointer import load_full_model
     from scaletrain.checkpoint.hf import export_hf
     from scaletrain.checkpoint.store import complete_checkpoints
+
     path = Path(args.checkpoint)
     if not (path / "manifest.json").exists() and complete_checkpoints(path / "checkpoints"):
         path = complete_checkpoints(path / "checkpoints")[-1]  # a run directory: its newest checkpoint
     elif not (path / "manifest.json").exists() and complete_checkpoints(path):
         path = complete_checkpoints(path)[-1]
     from scaletrain.checkpoint.store import CheckpointError
+
     cfg, model = load_full_model(path)
     if cfg.lora.rank > 0:
         # The HF format has no adapters: a LoRA checkpoint is always exported merged (W + (alpha/r)·B·A).
         from scaletrain.model.lora import merge_lora
+
         merge_lora(model)
     try:
         out = export_hf(model.state_dict(), cfg.model, args.hf)
@@ -73,6 +87,7 @@ def cmd_train(args) -> int:
     if args.dry_run:
         return _dry_run(cfg, args)
     from scaletrain.train.run import exit_code, train
+
     return exit_code(train(cfg, overwrite=args.overwrite))
 
 
@@ -82,6 +97,7 @@ def _dry_run(cfg, args) -> int:
     from scaletrain.parallel.dry_run import check_fits, dry_run
     from scaletrain.train.distributed import launched_world_size
     from scaletrain.train.run import print_dry_run
+
     result = dry_run(cfg, args.world_size or launched_world_size(), args.gpu)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -94,6 +110,7 @@ def _dry_run(cfg, args) -> int:
 def cmd_bench(args) -> int:
     """N MLPerf-style runs with distinct seeds, each log checked, olympic score, summary.json."""
     from scaletrain.train.run import bench, bench_exit_code
+
     if args.benchmark:
         if args.benchmark not in BENCHMARK_PRESETS:
             raise ConfigError(f"--benchmark {args.benchmark}: must be one of {', '.join(BENCHMARK_PRESETS)}")
@@ -107,6 +124,7 @@ def cmd_bench(args) -> int:
     if cfg.bench.benchmark == "llama2_70b_lora-proxy" and not cfg.checkpoint.init_from:
         from scaletrain.bench.proxy_base import ensure_proxy_base
         from scaletrain.train.run import default_console
+
         cfg.checkpoint.init_from = ensure_proxy_base(cfg, default_console())
     return bench_exit_code(bench(cfg, Path(args.out), overwrite=args.overwrite))
 
@@ -118,6 +136,7 @@ def cmd_bench_check(args) -> int:
     Exit 0 when the log passes, 1 when it fails, 2 for a missing log or an unknown benchmark.
     """
     from scaletrain.bench.checker import OFFICIAL, PROXY_RULES, RULESET, check_log, run_benchmark
+
     log = Path(args.log)
     if log.is_dir():
         log = log / "mllog.txt"  # a run directory
@@ -130,8 +149,10 @@ def cmd_bench_check(args) -> int:
         raise ConfigError(str(exc)) from None
     known = (*OFFICIAL, *PROXY_RULES)
     if not benchmark:
-        raise ConfigError(f"bench check {args.log}: no config.json next to the log names its benchmark; "
-                          f"pass --benchmark NAME ({', '.join(known)})")
+        raise ConfigError(
+            f"bench check {args.log}: no config.json next to the log names its benchmark; "
+            f"pass --benchmark NAME ({', '.join(known)})"
+        )
     if benchmark not in known:
         raise ConfigError(f"bench check: benchmark {benchmark!r} has no compliance rules; one of {', '.join(known)}")
     # The checker's own log file goes next to the MLLOG, never into the current directory.
@@ -150,15 +171,19 @@ def cmd_data_fetch(args) -> int:
     """
     from scaletrain.config import DataConfig, default_data_dir
     from scaletrain.data.corpus import fetch_default, prepare_excerpt
+
     data_dir = default_data_dir(DataConfig(data_dir=args.data_dir or ""))
     if args.corpus == "kjv":
         from scaletrain.data.kjv import fetch_kjv
+
         kjv = fetch_kjv(data_dir, args.vocab_size, excerpt=args.excerpt, log=print)
         info = kjv.info()
         for split in ("train", "valid"):
             n = info[split]
-            print(f"{split}: {getattr(kjv, split + '_prefix')} ({n['pairs']} pairs, "
-                  f"{n['sequences_at_256']} sequences of 256 tokens, {n['label_tokens']} label tokens)")
+            print(
+                f"{split}: {getattr(kjv, split + '_prefix')} ({n['pairs']} pairs, "
+                f"{n['sequences_at_256']} sequences of 256 tokens, {n['label_tokens']} label tokens)"
+            )
         print(f"tokenizer: {info['tokenizer']}")
         return 0
     if args.excerpt:
@@ -173,6 +198,7 @@ def cmd_data_prepare(args) -> int:
     """Tokenize text/JSONL/.json.gz files into a Megatron .bin/.idx dataset."""
     from scaletrain.data.prepare import prepare_dataset
     from scaletrain.data.tokenizer import Tokenizer, train_tokenizer
+
     if args.tokenizer:
         tokenizer = Tokenizer(args.tokenizer)
     else:
@@ -182,18 +208,19 @@ def cmd_data_prepare(args) -> int:
         tokenizer = Tokenizer(model)
     if args.sft:
         from scaletrain.data.sft import prepare_sft
+
         meta = prepare_sft(args.inputs, args.out, tokenizer, args.input_field, args.output_field)
         print(f"{args.out}: SFT pairs, " + ", ".join(f"{k} {v}" for k, v in meta.items() if isinstance(v, int)))
         return 0
     meta = prepare_dataset(args.inputs, args.out, tokenizer)
-    print(f"{args.out}: {meta['num_documents']} documents, {meta['num_tokens']} tokens, "
-          f"vocab {meta['vocab_size']}")
+    print(f"{args.out}: {meta['num_documents']} documents, {meta['num_tokens']} tokens, vocab {meta['vocab_size']}")
     return 0
 
 
 def cmd_report(args) -> int:
     """Draw loss.png (training and evaluation loss) from a run directory's metrics.jsonl."""
     from scaletrain.train.report import plot_run
+
     for path in plot_run(Path(args.run_dir)):
         print(path)
     return 0
@@ -214,51 +241,77 @@ def cmd_config(args) -> int:
 def _add_bench_check_parser(bench: argparse.ArgumentParser) -> None:
     # An optional sub-command: `scaletrain bench [options]` still runs the benchmark when no `check` follows.
     sub = bench.add_subparsers(dest="bench_command", metavar="{check}", required=False)
-    c = sub.add_parser("check", help="run MLCommons' compliance checker on one MLLOG file",
-                       description=cmd_bench_check.__doc__)
+    c = sub.add_parser(
+        "check", help="run MLCommons' compliance checker on one MLLOG file", description=cmd_bench_check.__doc__
+    )
     c.add_argument("log", help="an mllog.txt, or a run directory holding one")
     # A dest of its own: the parent `bench` parser has --benchmark too, and sub-parser defaults would overwrite it.
-    c.add_argument("--benchmark", dest="check_benchmark", metavar="NAME",
-                   help="gpt3, gpt3-proxy, llama2_70b_lora or llama2_70b_lora-proxy (default: bench.benchmark in "
-                   "the config.json next to the log)")
+    c.add_argument(
+        "--benchmark",
+        dest="check_benchmark",
+        metavar="NAME",
+        help="gpt3, gpt3-proxy, llama2_70b_lora or llama2_70b_lora-proxy (default: bench.benchmark in "
+        "the config.json next to the log)",
+    )
     c.set_defaults(func=cmd_bench_check)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The `scaletrain` argument parser (every subcommand has --help)."""
     parser = argparse.ArgumentParser(
-        prog="scaletrain", description="Train GPT-3/Llama-style models, benchmark them the MLPerf Training way, and predict time-to-train on GPU clusters.")
+        prog="scaletrain",
+        description="Train GPT-3/Llama-style models, benchmark them the MLPerf Training way, and predict time-to-train on GPU clusters.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train one run to the quality target", description=cmd_train.__doc__)
     _add_config_args(p)
     p.add_argument("--run-dir", help="run directory (default: train.run_dir)")
     p.add_argument("--resume", help="auto (newest complete checkpoint), none, or a checkpoint directory")
-    p.add_argument("--overwrite", action="store_true",
-                   help="the run directory holds a previous run: delete its files first (default: refuse)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="validate the parallel layout on a fake process group and estimate memory per GPU; no training")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="the run directory holds a previous run: delete its files first (default: refuse)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate the parallel layout on a fake process group and estimate memory per GPU; no training",
+    )
     p.add_argument("--world-size", type=int, default=0, help="ranks for --dry-run (default: $WORLD_SIZE or 1)")
-    p.add_argument("--gpu", default="h100", help="device whose memory --dry-run checks against (default h100; "
-                   "a100, h100, h200, b200, gb200, gb300)")
+    p.add_argument(
+        "--gpu",
+        default="h100",
+        help="device whose memory --dry-run checks against (default h100; a100, h100, h200, b200, gb200, gb300)",
+    )
     p.add_argument("--json", action="store_true", help="--dry-run: print the report as JSON")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("bench", help="MLPerf-style benchmark: N runs, checked logs, olympic score",
-                       description=cmd_bench.__doc__)
+    p = sub.add_parser(
+        "bench", help="MLPerf-style benchmark: N runs, checked logs, olympic score", description=cmd_bench.__doc__
+    )
     _add_config_args(p)
     p.add_argument("--runs", type=int, default=0, help="number of runs (default: bench.runs)")
-    p.add_argument("--benchmark", help="gpt3, gpt3-proxy, llama2_70b_lora or llama2_70b_lora-proxy; without --preset "
-                   "it also picks that benchmark's preset")
+    p.add_argument(
+        "--benchmark",
+        help="gpt3, gpt3-proxy, llama2_70b_lora or llama2_70b_lora-proxy; without --preset "
+        "it also picks that benchmark's preset",
+    )
     p.add_argument("--out", default="runs/bench", help="output directory (default runs/bench)")
     p.add_argument("--resume", help="auto: keep finished runs, resume the interrupted one from its checkpoint")
-    p.add_argument("--overwrite", action="store_true",
-                   help="--out holds a previous benchmark: delete its runs and summary first (default: refuse)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="--out holds a previous benchmark: delete its runs and summary first (default: refuse)",
+    )
     p.set_defaults(func=cmd_bench)
     _add_bench_check_parser(p)
 
-    p = sub.add_parser("export", help="export checkpoint weights (LoRA merged) to Hugging Face GPT-2 or Llama format",
-                       description=cmd_export.__doc__)
+    p = sub.add_parser(
+        "export",
+        help="export checkpoint weights (LoRA merged) to Hugging Face GPT-2 or Llama format",
+        description=cmd_export.__doc__,
+    )
     p.add_argument("checkpoint", help="a checkpoint directory (step_N), a checkpoints/ folder or a run directory")
     p.add_argument("--hf", required=True, metavar="DIR", help="output directory (replaced atomically)")
     p.set_defaults(func=cmd_export)
@@ -269,16 +322,23 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--data-dir", help="where to put it (default $SCALETRAIN_DATA or ~/.cache/scaletrain)")
     f.add_argument("--vocab-size", type=int, default=8192, help="tokenizer vocabulary (default 8192)")
     f.add_argument("--excerpt", action="store_true", help="use the small excerpt shipped in the package (offline)")
-    f.add_argument("--corpus", choices=("shakespeare", "kjv"), default="shakespeare",
-                   help="shakespeare (pretraining, default) or kjv (SFT proxy: King James Bible via apt-get)")
+    f.add_argument(
+        "--corpus",
+        choices=("shakespeare", "kjv"),
+        default="shakespeare",
+        help="shakespeare (pretraining, default) or kjv (SFT proxy: King James Bible via apt-get)",
+    )
     f.set_defaults(func=cmd_data_fetch)
     f = dsub.add_parser("prepare", help="tokenize files into .bin/.idx", description=cmd_data_prepare.__doc__)
     f.add_argument("inputs", nargs="+", help=".txt, .jsonl or .json.gz files (field 'text')")
     f.add_argument("--out", required=True, help="output prefix (writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json)")
     f.add_argument("--tokenizer", help="existing SentencePiece .model; without it one is trained")
     f.add_argument("--vocab-size", type=int, default=8192, help="vocabulary when training a tokenizer")
-    f.add_argument("--sft", action="store_true",
-                   help="input/output pairs (JSONL or parquet; GovReport's report/summary accepted) for data.format=sft")
+    f.add_argument(
+        "--sft",
+        action="store_true",
+        help="input/output pairs (JSONL or parquet; GovReport's report/summary accepted) for data.format=sft",
+    )
     f.add_argument("--input-field", help="--sft: field holding the input (default input, or report)")
     f.add_argument("--output-field", help="--sft: field holding the output (default output, or summary)")
     f.set_defaults(func=cmd_data_prepare)
@@ -289,11 +349,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="show the resolved config or all fields", description=cmd_config.__doc__)
     _add_config_args(p)
-    p.add_argument("--fields", action="store_true",
-                   help="list every field with its value in the chosen preset (--preset, --set) and meaning")
+    p.add_argument(
+        "--fields",
+        action="store_true",
+        help="list every field with its value in the chosen preset (--preset, --set) and meaning",
+    )
     p.set_defaults(func=cmd_config)
 
     from scaletrain.sim.commands import add_parsers
+
     add_parsers(sub)
     return parser
 
@@ -304,6 +368,7 @@ _BOOL_WORDS = ("true", "false", "1", "0", "yes", "no")
 def field_kinds(section=None, prefix: str = "") -> dict[str, type]:
     """Dotted field name -> type of its default, for every field of every section of the Config dataclass."""
     import dataclasses
+
     section = Config() if section is None else section
     kinds: dict[str, type] = {}
     for f in dataclasses.fields(section):
@@ -365,6 +430,7 @@ def _leave_process_group(clean: bool) -> None:
     if "torch" not in sys.modules:  # the simulator commands never import torch; don't pay for it at exit
         return
     import torch.distributed as dist
+
     if dist.is_available() and dist.is_initialized():
         if clean:
             # Rank 0 still checks logs and writes the summary; tearing gloo down on the other ranks meanwhile
@@ -379,6 +445,7 @@ def _run(args) -> int:
     from scaletrain.bench.preemption import Preempted
     from scaletrain.checkpoint.store import CheckpointError
     from scaletrain.data.indexed import DataError
+
     try:
         return args.func(args)
     except (ConfigError, DataError, CheckpointError, FileNotFoundError) as exc:

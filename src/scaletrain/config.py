@@ -266,7 +266,7 @@ class Config:
         path.write_text(self.to_json() + "\n")
         return path
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         """Raise ConfigError naming the first wrong field; return self when all is well."""
         for problem in _problems(self):
             raise ConfigError(problem)
@@ -310,8 +310,10 @@ def _problems(c: Config):
     if t.global_batch_size <= 0 or t.micro_batch_size <= 0:
         yield "train.global_batch_size and train.micro_batch_size must be > 0"
     elif t.global_batch_size % t.micro_batch_size:
-        yield (f"train.global_batch_size={t.global_batch_size}: must be a multiple of "
-               f"train.micro_batch_size={t.micro_batch_size}")
+        yield (
+            f"train.global_batch_size={t.global_batch_size}: must be a multiple of "
+            f"train.micro_batch_size={t.micro_batch_size}"
+        )
     if t.dtype not in ("bf16", "fp32"):
         yield f"train.dtype={t.dtype!r}: must be 'bf16' or 'fp32'"
     if t.fp8_recipe not in ("current", "delayed"):
@@ -372,6 +374,7 @@ PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
 
 # ---------------------------------------------------------------- presets and overrides
+
 
 def list_presets() -> list[str]:
     """Names of the TOML presets shipped in the package."""
@@ -471,8 +474,9 @@ def _nest(key: str, value: Any) -> dict[str, Any]:
     return out
 
 
-def resolve(preset: str = "gpt3-proxy", config_file: str | None = None,
-            overrides: list[str] | tuple[str, ...] = ()) -> Config:
+def resolve(
+    preset: str = "gpt3-proxy", config_file: str | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> Config:
     """Build the one Config of a run: preset, then a TOML file, then --set overrides, then validate."""
     cfg = Config(preset=preset)
     if preset:
@@ -517,13 +521,18 @@ def describe(cls: type = Config, prefix: str = "", values: Any = None) -> list[t
 def _field_docs(cls: type) -> dict[str, str]:
     import inspect
     import textwrap
+
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body
     docs = {}
     for prev, node in zip(body, body[1:]):
-        if (isinstance(prev, ast.AnnAssign) and isinstance(prev.target, ast.Name)
-                and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
-                and isinstance(node.value.value, str)):
+        if (
+            isinstance(prev, ast.AnnAssign)
+            and isinstance(prev.target, ast.Name)
+            and isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
             docs[prev.target.id] = node.value.value
     return docs
 

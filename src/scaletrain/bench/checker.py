@@ -15,8 +15,16 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["CheckResult", "check_log", "checker_command", "proxy_rules_path", "run_benchmark", "RULESET", "OFFICIAL",
-           "PROXY_RULES"]
+__all__ = [
+    "CheckResult",
+    "check_log",
+    "checker_command",
+    "proxy_rules_path",
+    "run_benchmark",
+    "RULESET",
+    "OFFICIAL",
+    "PROXY_RULES",
+]
 
 # gpt3 rules exist only in rulesets 3.0.0-4.1.0; the package's default (newer) ruleset crashes on gpt3 logs.
 RULESET = "4.1.0"
@@ -50,26 +58,37 @@ def proxy_rules_path(benchmark: str = "gpt3-proxy"):
     return resources.files("scaletrain.bench").joinpath("rules").joinpath(PROXY_RULES[benchmark])
 
 
-def checker_command(log: str | Path, benchmark: str, config: str | Path | None = None,
-                    log_output: str | Path | None = None) -> list[str]:
+def checker_command(
+    log: str | Path, benchmark: str, config: str | Path | None = None, log_output: str | Path | None = None
+) -> list[str]:
     """The checker command line for `benchmark` (OFFICIAL or a PROXY_RULES name); `config` is the proxy rules path."""
-    cmd = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
-           "--ruleset", RULESET, "--werror"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlperf_logging.compliance_checker",
+        "--usage",
+        "training",
+        "--ruleset",
+        RULESET,
+        "--werror",
+    ]
     if benchmark in PROXY_RULES:
         if config is None:
             raise ValueError(f"{benchmark} needs its proxy rules file as config")
         # Absolute: the checker joins --config onto its own package directory, so a relative path would point there.
         cmd += ["--config", os.path.abspath(config)]
     elif benchmark not in OFFICIAL:
-        raise ValueError(f"no compliance rules for benchmark {benchmark!r}; expected one of "
-                         f"{sorted([*OFFICIAL, *PROXY_RULES])}")
+        raise ValueError(
+            f"no compliance rules for benchmark {benchmark!r}; expected one of {sorted([*OFFICIAL, *PROXY_RULES])}"
+        )
     if log_output is not None:
         cmd += ["--log_output", str(log_output)]
     return cmd + [str(log)]
 
 
-def check_log(path: str | Path, benchmark: str, log_output: str | Path | None = None,
-              timeout_s: float = 300.0) -> CheckResult:
+def check_log(
+    path: str | Path, benchmark: str, log_output: str | Path | None = None, timeout_s: float = 300.0
+) -> CheckResult:
     """Check the MLLOG file `path` against the rules of `benchmark` with `--werror`.
 
     "gpt3", "llama2_70b_lora": the official ruleset 4.1.0. "gpt3-proxy", "llama2_70b_lora-proxy": the same engine
@@ -94,7 +113,9 @@ def check_log(path: str | Path, benchmark: str, log_output: str | Path | None = 
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired as exc:
-            return CheckResult(False, cmd, f"checker timed out after {timeout_s:g} s\n{exc.stdout or ''}{exc.stderr or ''}")
+            return CheckResult(
+                False, cmd, f"checker timed out after {timeout_s:g} s\n{exc.stdout or ''}{exc.stderr or ''}"
+            )
         except OSError as exc:
             return CheckResult(False, cmd, f"could not run the checker: {exc}")
     output = (proc.stdout or "") + (proc.stderr or "")
@@ -107,13 +128,18 @@ def verdict(returncode: int, output: str) -> bool:
     The exit code alone is not enough: a rules file the checker cannot find is reported as a message and a crash
     inside a rules file's code may be swallowed; the SUCCESS line alone is not enough if the process died later.
     """
-    return (returncode == 0 and bool(_SUCCESS.search(output)) and not _FAILED.search(output)
-            and "Traceback (most recent call last)" not in output)
+    return (
+        returncode == 0
+        and bool(_SUCCESS.search(output))
+        and not _FAILED.search(output)
+        and "Traceback (most recent call last)" not in output
+    )
 
 
 def run_benchmark(run_dir: str | Path) -> str | None:
     """`bench.benchmark` from the config.json of a run directory, or None when there is none to read."""
     import json
+
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         return None

@@ -17,8 +17,9 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from scaletrain.config import Config
 from scaletrain.train.rundir import finished_result
@@ -77,6 +78,7 @@ def default_platform(cfg: Config, dp_size: int = 1) -> str:
     if cfg.train.device != "cpu":
         try:
             import torch
+
             if torch.cuda.is_available():
                 name = torch.cuda.get_device_name(0).replace(" ", "-")
         except Exception:  # no torch/CUDA driver trouble must not stop a benchmark from logging its platform
@@ -111,13 +113,15 @@ def _check_engine(cfg: Config, engine: Any) -> None:
 
 def _write_json(path: Path, data: dict) -> None:
     from scaletrain.train.rundir import dumps_strict
+
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(dumps_strict(data, indent=2) + "\n")  # strict JSON: a NaN loss is null plus "non_finite"
     tmp.replace(path)  # atomic: a reader never sees half a result
 
 
-def run_once(cfg: Config, engine: Engine, run_dir: str | Path, dp_size: int = 1,
-             platform: str | None = None, writer: bool = True) -> dict:
+def run_once(
+    cfg: Config, engine: Engine, run_dir: str | Path, dp_size: int = 1, platform: str | None = None, writer: bool = True
+) -> dict:
     """One timed run of cfg.bench.benchmark with `engine`; writes run_dir/mllog.txt and run_dir/result.json.
 
     Stops with status "success" at the first evaluation <= cfg.train.target_eval_loss, or "aborted" on a
@@ -134,8 +138,17 @@ def run_once(cfg: Config, engine: Engine, run_dir: str | Path, dp_size: int = 1,
     _check_engine(cfg, engine)
     platform = platform or cfg.bench.platform or default_platform(cfg, dp_size)
     plan = Cadence(cfg)
-    state: dict[str, Any] = {"status": None, "reason": None, "outcome": None, "steps": 0, "evals": [], "last": {},
-                             "t_start": None, "t_stop": None, "error": None}
+    state: dict[str, Any] = {
+        "status": None,
+        "reason": None,
+        "outcome": None,
+        "steps": 0,
+        "evals": [],
+        "last": {},
+        "t_start": None,
+        "t_stop": None,
+        "error": None,
+    }
     resume = (getattr(engine, "resume_info", None) or {}).get("harness") or None
     log_path = run_dir / "mllog.txt" if writer else None
     if resume and writer:
@@ -143,6 +156,7 @@ def run_once(cfg: Config, engine: Engine, run_dir: str | Path, dp_size: int = 1,
         # and the log continues the same run_start; the restart's time stays inside time to train. Resumed into
         # another run directory, the log is copied from the checkpoint's run.
         from scaletrain.checkpoint.resume import restore_mllog
+
         restore_mllog(log_path, getattr(engine, "resume_path", None), engine.resume_info)
     log = MLLogWriter(log_path, mode="a" if resume else "w")
     try:
@@ -177,8 +191,12 @@ def run_once(cfg: Config, engine: Engine, run_dir: str | Path, dp_size: int = 1,
 def _protocol(cfg, engine, log, state, dp_size, platform, plan, resume=None) -> None:
     # Events are logged on their own lines here, on purpose: mllog stamps each with this file and line number.
     if resume:
-        state.update(steps=int(resume["steps"]), evals=list(resume["evals"]), t_start=int(resume["t_start"]),
-                     last=dict(resume.get("last") or {}))
+        state.update(
+            steps=int(resume["steps"]),
+            evals=list(resume["evals"]),
+            t_start=int(resume["t_start"]),
+            last=dict(resume.get("last") or {}),
+        )
         engine.init()  # rebuilds and loads the checkpoint
         if getattr(engine, "step", state["steps"]) != state["steps"]:
             raise RuntimeError(f"checkpoint step {engine.step} does not match the harness state {state['steps']}")
@@ -198,9 +216,10 @@ def _protocol(cfg, engine, log, state, dp_size, platform, plan, resume=None) -> 
         if sizes is None:
             attrs = ("eval_samples", "train_samples") if plan.lora else ("eval_tokens",)
             have = {a: getattr(engine, a, None) for a in attrs}
-            raise ValueError(f"engine {have} after init(): must be positive "
-                             + ("validation/training sequence counts" if plan.lora
-                                else "the validation label-token count"))
+            raise ValueError(
+                f"engine {have} after init(): must be positive "
+                + ("validation/training sequence counts" if plan.lora else "the validation label-token count")
+            )
         for key, value in mllog_hparams(cfg, platform=platform, dp_size=dp_size, **sizes)[1:]:
             log.event(key, value)
     log.end(C.INIT_STOP)
@@ -244,19 +263,30 @@ def _train_loop(engine, log, state, plan: Cadence, open_block: int | None = None
         log.event(C.EVAL_ACCURACY, eval_loss, metadata=plan.point_meta(steps))
         t_eval = log.end(C.EVAL_STOP, metadata=plan.point_meta(steps))
         last = state["last"]
-        state["evals"].append({"step": steps, "tokens": steps * plan.tps, "samples": steps * plan.gbs,
-                               "eval_loss": eval_loss, "train_loss": _num(last.get("loss")),
-                               "lr": _num(last.get("lr")), "time_s": (t_eval - state["t_start"]) / 1000.0})
+        state["evals"].append(
+            {
+                "step": steps,
+                "tokens": steps * plan.tps,
+                "samples": steps * plan.gbs,
+                "eval_loss": eval_loss,
+                "train_loss": _num(last.get("loss")),
+                "lr": _num(last.get("lr")),
+                "time_s": (t_eval - state["t_start"]) / 1000.0,
+            }
+        )
         if not math.isfinite(eval_loss):
-            state["status"], state["reason"] = C.ABORTED, (f"non-finite eval loss {eval_loss} at step {state['steps']}"
-                                                          + _resumed_from(engine))
+            state["status"], state["reason"] = (
+                C.ABORTED,
+                (f"non-finite eval loss {eval_loss} at step {state['steps']}" + _resumed_from(engine)),
+            )
             state["outcome"] = "diverged"
         elif eval_loss <= target:
             state["status"], state["outcome"] = C.SUCCESS, "converged"
         elif state["steps"] >= limit:
             state["status"], state["outcome"] = C.ABORTED, "budget_exhausted"
-            state["reason"] = (f"step budget of {limit} steps used up with eval loss {eval_loss:.4f} "
-                               f"above the target {target}")
+            state["reason"] = (
+                f"step budget of {limit} steps used up with eval loss {eval_loss:.4f} above the target {target}"
+            )
         elif hasattr(engine, "checkpoint_due") and engine.checkpoint_due():
             engine.save_checkpoint(harness_state(state, log))
 
@@ -323,9 +353,17 @@ def derive_seeds(base: int, n: int) -> list[int]:
     return [base + 1000 * i for i in range(n)]
 
 
-def run_benchmark(cfg: Config, make_engine: Callable[[Config, int, Path], Engine], out_dir: str | Path,
-                  seeds: list[int] | None = None, console: Any = None, *, dp_size: int = 1,
-                  platform: str | None = None, writer: bool = True) -> dict:
+def run_benchmark(
+    cfg: Config,
+    make_engine: Callable[[Config, int, Path], Engine],
+    out_dir: str | Path,
+    seeds: list[int] | None = None,
+    console: Any = None,
+    *,
+    dp_size: int = 1,
+    platform: str | None = None,
+    writer: bool = True,
+) -> dict:
     """cfg.bench.runs timed runs (or one per given seed) in out_dir/run_<i>/, each checked and then scored.
 
     Each run gets a copy of cfg with its seed and run_dir set, saved as run_<i>/config.json before
@@ -361,19 +399,28 @@ def run_benchmark(cfg: Config, make_engine: Callable[[Config, int, Path], Engine
             if writer:
                 run_cfg.save(run_dir)
                 console.print(f"[bold]run {i}[/bold] seed {seed} -> {run_dir}")
-            result = run_once(run_cfg, make_engine(run_cfg, int(seed), run_dir), run_dir,
-                              dp_size=dp_size, platform=platform, writer=writer)
+            result = run_once(
+                run_cfg,
+                make_engine(run_cfg, int(seed), run_dir),
+                run_dir,
+                dp_size=dp_size,
+                platform=platform,
+                writer=writer,
+            )
         compliance: dict[str, Any] = {"ok": None, "command": None}
         if cfg.bench.check and writer:
-            check = check_log(run_dir / "mllog.txt", cfg.bench.benchmark,
-                              log_output=run_dir / "compliance_checker.log")
+            check = check_log(run_dir / "mllog.txt", cfg.bench.benchmark, log_output=run_dir / "compliance_checker.log")
             (run_dir / "compliance.txt").write_text(check.output)
             compliance = {"ok": check.ok, "command": check.command}
         runs.append({"run": i, **result, "compliance": compliance})
 
     if not writer:
-        return {"benchmark": cfg.bench.benchmark, "runs": runs, "writer": False,
-                "converged_all": all(r["status"] == C.SUCCESS for r in runs)}
+        return {
+            "benchmark": cfg.bench.benchmark,
+            "runs": runs,
+            "writer": False,
+            "converged_all": all(r["status"] == C.SUCCESS for r in runs),
+        }
     score = olympic_score([(r["time_to_train_s"], r["status"] == C.SUCCESS) for r in runs])
     seed_check = _seed_check([r["mllog"] for r in runs]) if cfg.bench.check else None
     compliant_all = (all(r["compliance"]["ok"] for r in runs) and bool(seed_check)) if cfg.bench.check else None

@@ -70,18 +70,36 @@ class MLLogWriter:
 
     # ------------------------------------------------------------------ events
 
-    def event(self, key: str, value: Any = None, metadata: dict | None = None,
-              time_ms: int | None = None, stack_offset: int = 0) -> int:
+    def event(
+        self,
+        key: str,
+        value: Any = None,
+        metadata: dict | None = None,
+        time_ms: int | None = None,
+        stack_offset: int = 0,
+    ) -> int:
         """Log a POINT_IN_TIME event; returns its time_ms."""
         return self._emit(self._mllogger.event, key, value, metadata, time_ms, stack_offset)
 
-    def start(self, key: str, value: Any = None, metadata: dict | None = None,
-              time_ms: int | None = None, stack_offset: int = 0) -> int:
+    def start(
+        self,
+        key: str,
+        value: Any = None,
+        metadata: dict | None = None,
+        time_ms: int | None = None,
+        stack_offset: int = 0,
+    ) -> int:
         """Log an INTERVAL_START event (init_start, run_start, block_start, eval_start); returns its time_ms."""
         return self._emit(self._mllogger.start, key, value, metadata, time_ms, stack_offset)
 
-    def end(self, key: str, value: Any = None, metadata: dict | None = None,
-            time_ms: int | None = None, stack_offset: int = 0) -> int:
+    def end(
+        self,
+        key: str,
+        value: Any = None,
+        metadata: dict | None = None,
+        time_ms: int | None = None,
+        stack_offset: int = 0,
+    ) -> int:
         """Log an INTERVAL_END event (init_stop, run_stop, block_stop, eval_stop); returns its time_ms."""
         return self._emit(self._mllogger.end, key, value, metadata, time_ms, stack_offset)
 
@@ -115,7 +133,7 @@ class MLLogWriter:
         self._handlers.clear()
         self.closed = True
 
-    def __enter__(self) -> "MLLogWriter":
+    def __enter__(self) -> MLLogWriter:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -134,5 +152,5 @@ def read_mllog(path: str | Path) -> list[dict]:
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         at = line.find(TOKEN)
         if at >= 0:
-            events.append(json.loads(line[at + len(TOKEN):]))
+            events.append(json.loads(line[at + len(TOKEN) :]))
     return events

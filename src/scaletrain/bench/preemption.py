@@ -31,8 +31,10 @@ class Preempted(Exception):
             name = signal.Signals(self.signum).name
         except ValueError:
             name = f"signal {self.signum}"
-        super().__init__(f"{name} received: stopped after step {self.step} and saved {checkpoint}; the run is not "
-                         f"finished, resume it with --resume auto (exit status {self.exit_code})")
+        super().__init__(
+            f"{name} received: stopped after step {self.step} and saved {checkpoint}; the run is not "
+            f"finished, resume it with --resume auto (exit status {self.exit_code})"
+        )
 
 
 def harness_state(state: dict, log, block_first: int | None = None) -> dict:
@@ -42,12 +44,12 @@ def harness_state(state: dict, log, block_first: int | None = None) -> dict:
     then go along too, since the evaluation that closes the block reports them.
     """
     log.flush()
-    saved = {"steps": state["steps"], "evals": state["evals"], "t_start": state["t_start"],
-             "mllog_bytes": log.size()}
+    saved = {"steps": state["steps"], "evals": state["evals"], "t_start": state["t_start"], "mllog_bytes": log.size()}
     if block_first is not None:
         last = state.get("last") or {}
-        saved.update(block_first=int(block_first),
-                     last={k: float(last[k]) for k in ("loss", "lr") if last.get(k) is not None})
+        saved.update(
+            block_first=int(block_first), last={k: float(last[k]) for k in ("loss", "lr") if last.get(k) is not None}
+        )
     return saved
 
 

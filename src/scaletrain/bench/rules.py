@@ -21,15 +21,30 @@ from scaletrain.config import Config
 from scaletrain.sim.mlperf import skipped_evals  # stdlib only; the one definition of the skip rule
 
 __all__ = [
-    "GPT3", "LLAMA2_LORA", "Cadence", "BENCHMARK_NAMES", "LORA_BENCHMARKS", "is_lora", "mllog_hparams",
-    "official_rule_violations", "eval_every_steps", "eval_skip", "next_eval_step", "tokens_per_step",
-    "gradient_accumulation_steps", "max_benchmark_steps",
+    "GPT3",
+    "LLAMA2_LORA",
+    "Cadence",
+    "BENCHMARK_NAMES",
+    "LORA_BENCHMARKS",
+    "is_lora",
+    "mllog_hparams",
+    "official_rule_violations",
+    "eval_every_steps",
+    "eval_skip",
+    "next_eval_step",
+    "tokens_per_step",
+    "gradient_accumulation_steps",
+    "max_benchmark_steps",
 ]
 
 # What each scaletrain benchmark logs as submission_benchmark. A proxy logs its official name too: it follows that
 # benchmark's event protocol, and its own rules file (bench/rules/*_proxy.yaml) accepts exactly that value.
-BENCHMARK_NAMES = {"gpt3": C.GPT3, "gpt3-proxy": C.GPT3,
-                   "llama2_70b_lora": C.LLAMA2_70B_LORA, "llama2_70b_lora-proxy": C.LLAMA2_70B_LORA}
+BENCHMARK_NAMES = {
+    "gpt3": C.GPT3,
+    "gpt3-proxy": C.GPT3,
+    "llama2_70b_lora": C.LLAMA2_70B_LORA,
+    "llama2_70b_lora-proxy": C.LLAMA2_70B_LORA,
+}
 # Benchmarks that count samples (metadata samples_count) and skip their first evaluations.
 LORA_BENCHMARKS = frozenset({"llama2_70b_lora", "llama2_70b_lora-proxy"})
 
@@ -96,8 +111,10 @@ def gradient_accumulation_steps(cfg: Config, dp_size: int = 1) -> int:
     """GBS / (micro_batch_size * dp_size); ValueError when that does not divide evenly."""
     per_pass = cfg.train.micro_batch_size * dp_size
     if dp_size <= 0 or cfg.train.global_batch_size % per_pass:
-        raise ValueError(f"train.global_batch_size={cfg.train.global_batch_size} is not a multiple of "
-                         f"train.micro_batch_size={cfg.train.micro_batch_size} x dp_size={dp_size}")
+        raise ValueError(
+            f"train.global_batch_size={cfg.train.global_batch_size} is not a multiple of "
+            f"train.micro_batch_size={cfg.train.micro_batch_size} x dp_size={dp_size}"
+        )
     return cfg.train.global_batch_size // per_pass
 
 
@@ -171,8 +188,9 @@ def max_benchmark_steps(cfg: Config) -> int:
     return max(1, cfg.optim.decay_steps(gbs) - cfg.optim.init_checkpoint_step(gbs))
 
 
-def mllog_hparams(cfg: Config, eval_samples: int, platform: str, dp_size: int = 1,
-                  train_samples: int | None = None) -> list[tuple[str, Any]]:
+def mllog_hparams(
+    cfg: Config, eval_samples: int, platform: str, dp_size: int = 1, train_samples: int | None = None
+) -> list[tuple[str, Any]]:
     """Every init-phase key the ruleset 4.1.0 requires for cfg.bench.benchmark (plus the recommended seed),
     as (key, value) pairs in the order the reference implementation logs them.
 
@@ -217,8 +235,9 @@ def mllog_hparams(cfg: Config, eval_samples: int, platform: str, dp_size: int = 
     ]
 
 
-def _lora_hparams(cfg: Config, eval_samples: int, train_samples: int | None, platform: str,
-                  dp_size: int) -> list[tuple[str, Any]]:
+def _lora_hparams(
+    cfg: Config, eval_samples: int, train_samples: int | None, platform: str, dp_size: int
+) -> list[tuple[str, Any]]:
     # closed_llama2_70b_lora.yaml + closed_common.yaml + common.yaml, in the reference's order (mlcommons/training
     # llama2_70b_lora/scripts/mlperf_logging_utils.py); max_sequence_length is not required there but states the
     # fixed 8192 in the log. opt_learning_rate_training_steps is where the cosine ends (reference: max_steps 1024).
@@ -270,15 +289,19 @@ def official_rule_violations(cfg: Config) -> list[str]:
             out.append(msg)
 
     need(m.seq_len == GPT3.SEQ_LEN, f"model.seq_len={m.seq_len}: gpt3 requires {GPT3.SEQ_LEN}")
-    need((m.n_layers, m.d_model, m.n_heads) == (GPT3.N_LAYERS, GPT3.D_MODEL, GPT3.N_HEADS),
-         f"model n_layers/d_model/n_heads={m.n_layers}/{m.d_model}/{m.n_heads}: gpt3 requires "
-         f"{GPT3.N_LAYERS}/{GPT3.D_MODEL}/{GPT3.N_HEADS}")
+    need(
+        (m.n_layers, m.d_model, m.n_heads) == (GPT3.N_LAYERS, GPT3.D_MODEL, GPT3.N_HEADS),
+        f"model n_layers/d_model/n_heads={m.n_layers}/{m.d_model}/{m.n_heads}: gpt3 requires "
+        f"{GPT3.N_LAYERS}/{GPT3.D_MODEL}/{GPT3.N_HEADS}",
+    )
     need(m.ffn_size == GPT3.FFN, f"model.d_ff={m.ffn_size}: gpt3 requires {GPT3.FFN} (4 x d_model)")
     need(m.vocab_size == GPT3.VOCAB, f"model.vocab_size={m.vocab_size}: gpt3 requires {GPT3.VOCAB}")
 
     if not GPT3.GBS_MIN <= gbs <= GPT3.GBS_MAX:
-        out.append(f"train.global_batch_size={gbs}: gpt3 reference convergence points cover "
-                   f"{GPT3.GBS_MIN}..{GPT3.GBS_MAX} only")
+        out.append(
+            f"train.global_batch_size={gbs}: gpt3 reference convergence points cover "
+            f"{GPT3.GBS_MIN}..{GPT3.GBS_MAX} only"
+        )
     if gbs <= GPT3.LR_LOW_MAX_GBS:
         allowed = [GPT3.LR_LOW]
     elif gbs >= GPT3.LR_HIGH_MIN_GBS:
@@ -287,26 +310,40 @@ def official_rule_violations(cfg: Config) -> list[str]:
         allowed = [GPT3.LR_LOW, GPT3.LR_HIGH]
     if all(_neq(o.lr, lr) for lr in allowed):
         out.append(f"optim.lr={o.lr:g}: gpt3 at GBS {gbs} requires {' or '.join(f'{x:g}' for x in allowed)}")
-    need(not _neq(o.end_lr_ratio, GPT3.END_LR_RATIO),
-         f"optim.end_lr_ratio={o.end_lr_ratio:g}: gpt3 requires end LR = base/10")
+    need(
+        not _neq(o.end_lr_ratio, GPT3.END_LR_RATIO),
+        f"optim.end_lr_ratio={o.end_lr_ratio:g}: gpt3 requires end LR = base/10",
+    )
 
     # Compare steps, not samples: the logged steps are what the rule fixes, and rounding may make other sample
     # counts give the same steps at this GBS.
     for name, have, want in (
-            ("warmup", o.warmup_steps(gbs), math.ceil(GPT3.WARMUP_SAMPLES / gbs)),
-            ("decay", o.decay_steps(gbs), math.ceil(GPT3.DECAY_SAMPLES / gbs)),
-            ("checkpoint", o.init_checkpoint_step(gbs), math.ceil(GPT3.CKPT_SAMPLES / gbs))):
+        ("warmup", o.warmup_steps(gbs), math.ceil(GPT3.WARMUP_SAMPLES / gbs)),
+        ("decay", o.decay_steps(gbs), math.ceil(GPT3.DECAY_SAMPLES / gbs)),
+        ("checkpoint", o.init_checkpoint_step(gbs), math.ceil(GPT3.CKPT_SAMPLES / gbs)),
+    ):
         field = {"warmup": "warmup_samples", "decay": "decay_samples", "checkpoint": "checkpoint_samples"}[name]
-        need(have == want, f"optim.{field}={getattr(o, field)} gives {name} step {have} at GBS {gbs}; "
-                           f"gpt3 requires {want}")
+        need(
+            have == want,
+            f"optim.{field}={getattr(o, field)} gives {name} step {have} at GBS {gbs}; gpt3 requires {want}",
+        )
 
-    for field, want in (("beta1", GPT3.BETA1), ("beta2", GPT3.BETA2), ("eps", GPT3.EPS),
-                        ("weight_decay", GPT3.WEIGHT_DECAY), ("grad_clip", GPT3.GRAD_CLIP)):
+    for field, want in (
+        ("beta1", GPT3.BETA1),
+        ("beta2", GPT3.BETA2),
+        ("eps", GPT3.EPS),
+        ("weight_decay", GPT3.WEIGHT_DECAY),
+        ("grad_clip", GPT3.GRAD_CLIP),
+    ):
         need(not _neq(getattr(o, field), want), f"optim.{field}={getattr(o, field):g}: gpt3 requires {want:g}")
-    need(not _neq(t.target_eval_loss, GPT3.TARGET),
-         f"train.target_eval_loss={t.target_eval_loss:g}: gpt3 requires {GPT3.TARGET}")
-    need(t.eval_interval_samples == GPT3.EVAL_INTERVAL_SAMPLES,
-         f"train.eval_interval_samples={t.eval_interval_samples}: gpt3 requires {GPT3.EVAL_INTERVAL_SAMPLES}")
+    need(
+        not _neq(t.target_eval_loss, GPT3.TARGET),
+        f"train.target_eval_loss={t.target_eval_loss:g}: gpt3 requires {GPT3.TARGET}",
+    )
+    need(
+        t.eval_interval_samples == GPT3.EVAL_INTERVAL_SAMPLES,
+        f"train.eval_interval_samples={t.eval_interval_samples}: gpt3 requires {GPT3.EVAL_INTERVAL_SAMPLES}",
+    )
     return out
 
 
@@ -323,23 +360,39 @@ def _lora_violations(cfg: Config) -> list[str]:
     need(m.seq_len == L.SEQ_LEN, f"model.seq_len={m.seq_len}: llama2_70b_lora requires {L.SEQ_LEN}")
     shape = (m.n_layers, m.d_model, m.n_heads, m.kv_heads, m.ffn_size, m.vocab_size)
     want = (L.N_LAYERS, L.D_MODEL, L.N_HEADS, L.N_KV_HEADS, L.FFN, L.VOCAB)
-    need(shape == want, f"model n_layers/d_model/n_heads/n_kv_heads/d_ff/vocab_size={'/'.join(map(str, shape))}: "
-                        f"llama2_70b_lora requires {'/'.join(map(str, want))}")
+    need(
+        shape == want,
+        f"model n_layers/d_model/n_heads/n_kv_heads/d_ff/vocab_size={'/'.join(map(str, shape))}: "
+        f"llama2_70b_lora requires {'/'.join(map(str, want))}",
+    )
     need(lo.rank == L.RANK, f"lora.rank={lo.rank}: llama2_70b_lora requires {L.RANK}")
-    need(set(lo.targets) == L.TARGETS, f"lora.targets={list(lo.targets)}: llama2_70b_lora requires "
-                                       f"{sorted(L.TARGETS)} (attention QKV and output)")
-    for field, have, want_v in (("lora.alpha", lo.alpha, L.ALPHA), ("lora.dropout", lo.dropout, L.DROPOUT),
-                                ("optim.weight_decay", o.weight_decay, L.WEIGHT_DECAY),
-                                ("optim.grad_clip", o.grad_clip, L.GRAD_CLIP), ("optim.beta1", o.beta1, L.BETA1),
-                                ("optim.beta2", o.beta2, L.BETA2), ("optim.eps", o.eps, L.EPS),
-                                ("optim.end_lr_ratio", o.end_lr_ratio, L.END_LR_RATIO),
-                                ("train.target_eval_loss", t.target_eval_loss, L.TARGET)):
+    need(
+        set(lo.targets) == L.TARGETS,
+        f"lora.targets={list(lo.targets)}: llama2_70b_lora requires {sorted(L.TARGETS)} (attention QKV and output)",
+    )
+    for field, have, want_v in (
+        ("lora.alpha", lo.alpha, L.ALPHA),
+        ("lora.dropout", lo.dropout, L.DROPOUT),
+        ("optim.weight_decay", o.weight_decay, L.WEIGHT_DECAY),
+        ("optim.grad_clip", o.grad_clip, L.GRAD_CLIP),
+        ("optim.beta1", o.beta1, L.BETA1),
+        ("optim.beta2", o.beta2, L.BETA2),
+        ("optim.eps", o.eps, L.EPS),
+        ("optim.end_lr_ratio", o.end_lr_ratio, L.END_LR_RATIO),
+        ("train.target_eval_loss", t.target_eval_loss, L.TARGET),
+    ):
         need(not _neq(have, want_v), f"{field}={have:g}: llama2_70b_lora requires {want_v:g}")
-    need(o.checkpoint_samples == 0, f"optim.checkpoint_samples={o.checkpoint_samples}: LoRA fine-tuning starts "
-                                    "its schedule at step 0")
-    need(t.eval_interval_samples == L.EVAL_INTERVAL_SAMPLES,
-         f"train.eval_interval_samples={t.eval_interval_samples}: llama2_70b_lora requires "
-         f"{L.EVAL_INTERVAL_SAMPLES}")
-    need(L.GBS_MIN <= gbs <= L.GBS_MAX, f"train.global_batch_size={gbs}: llama2_70b_lora reference convergence "
-                                        f"points cover {L.GBS_MIN}..{L.GBS_MAX} only")
+    need(
+        o.checkpoint_samples == 0,
+        f"optim.checkpoint_samples={o.checkpoint_samples}: LoRA fine-tuning starts its schedule at step 0",
+    )
+    need(
+        t.eval_interval_samples == L.EVAL_INTERVAL_SAMPLES,
+        f"train.eval_interval_samples={t.eval_interval_samples}: llama2_70b_lora requires {L.EVAL_INTERVAL_SAMPLES}",
+    )
+    need(
+        L.GBS_MIN <= gbs <= L.GBS_MAX,
+        f"train.global_batch_size={gbs}: llama2_70b_lora reference convergence "
+        f"points cover {L.GBS_MIN}..{L.GBS_MAX} only",
+    )
     return out

@@ -7,8 +7,9 @@ score is the median; gpt3 uses 3 runs, llama2_70b_lora 10.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 __all__ = ["RunTime", "Score", "olympic_score", "MIN_RUNS", "RUNS_PER_SUBMISSION", "required_runs"]
 
@@ -63,7 +64,7 @@ def _as_run(item: Any) -> RunTime:
         return RunTime(ttt, bool(conv))
     if isinstance(item, (tuple, list)) and len(item) == 2:
         return RunTime(item[0], bool(item[1]))
-    return RunTime(getattr(item, "time_to_train_s"), bool(getattr(item, "converged")))
+    return RunTime(item.time_to_train_s, bool(item.converged))
 
 
 def olympic_score(results: Iterable[Any]) -> Score:

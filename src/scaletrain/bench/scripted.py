@@ -7,8 +7,8 @@ the official hyperparameters can be checked by MLCommons' checker without the ha
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from scaletrain.config import Config, resolve
 
@@ -19,8 +19,12 @@ __all__ = ["ScriptedEngine", "scripted_run", "lora_reference_config", "LORA_REFE
 # The llama2_70b_lora reference's LR schedule (mlcommons/training llama2_70b_lora README and its RCPs: max_steps
 # 1024 at GBS 8, warmup_ratio 0, cosine to 0, HF AdamW betas 0.9/0.999), as overrides on the llama2-70b-lora preset,
 # whose [optim] section does not set them yet.
-LORA_REFERENCE_SCHEDULE = ("optim.decay_samples=8192", "optim.warmup_samples=0", "optim.end_lr_ratio=0.0",
-                           "optim.beta2=0.999")
+LORA_REFERENCE_SCHEDULE = (
+    "optim.decay_samples=8192",
+    "optim.warmup_samples=0",
+    "optim.end_lr_ratio=0.0",
+    "optim.beta2=0.999",
+)
 
 
 class ScriptedEngine:
@@ -30,9 +34,15 @@ class ScriptedEngine:
     `calls` records the protocol calls in order, so tests can assert the harness drove the engine correctly.
     """
 
-    def __init__(self, cfg: Config, eval_losses: Sequence[float] = (3.0, 2.8, 2.68),
-                 eval_tokens: int = 11_590_004, nan_at_step: int | None = None,
-                 eval_samples: int = 173, train_samples: int = 3901) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        eval_losses: Sequence[float] = (3.0, 2.8, 2.68),
+        eval_tokens: int = 11_590_004,
+        nan_at_step: int | None = None,
+        eval_samples: int = 173,
+        train_samples: int = 3901,
+    ) -> None:
         self.seq_len = cfg.model.seq_len
         self.global_batch_size = cfg.train.global_batch_size
         self.eval_tokens = eval_tokens
@@ -78,8 +88,14 @@ def lora_reference_config(*overrides: str) -> Config:
     return resolve("llama2-70b-lora", overrides=[*LORA_REFERENCE_SCHEDULE, *overrides])
 
 
-def scripted_run(cfg: Config, run_dir: str | Path, eval_losses: Sequence[float], dp_size: int = 1,
-                 platform: str | None = None, **engine_kwargs) -> tuple[dict, ScriptedEngine]:
+def scripted_run(
+    cfg: Config,
+    run_dir: str | Path,
+    eval_losses: Sequence[float],
+    dp_size: int = 1,
+    platform: str | None = None,
+    **engine_kwargs,
+) -> tuple[dict, ScriptedEngine]:
     """One timed run of cfg.bench.benchmark through the real harness (`run_once`) with a ScriptedEngine whose
     evaluations return `eval_losses` in turn; writes run_dir/mllog.txt and result.json. Returns (result, engine)."""
     engine = ScriptedEngine(cfg, eval_losses=eval_losses, **engine_kwargs)

@@ -15,8 +15,7 @@ def print_summary(console: Any, summary: dict) -> None:
 
     table = Table(title=f"MLPerf {summary['benchmark']} (ruleset {summary['ruleset']})")
     for col in ("run", "seed", "status", "evals", "steps", "time to train", "eval loss", "checker", "score"):
-        table.add_column(col, justify="right" if col not in ("status", "checker", "score") else "left",
-                         no_wrap=True)
+        table.add_column(col, justify="right" if col not in ("status", "checker", "score") else "left", no_wrap=True)
     dropped = set(summary["dropped"])
     for r in summary["runs"]:
         ok = r["compliance"]["ok"]
@@ -25,8 +24,9 @@ def print_summary(console: Any, summary: dict) -> None:
         ttt = "-" if r["time_to_train_s"] is None else f"{r['time_to_train_s']:.1f} s"
         loss = "-" if r["eval_loss"] is None else f"{r['eval_loss']:.4f}"
         counted = "dropped" if r["run"] in dropped else "counted"
-        table.add_row(str(r["run"]), str(r["seed"]), status, str(len(r["evals"])), str(r["steps"]), ttt, loss,
-                      verdict, counted)
+        table.add_row(
+            str(r["run"]), str(r["seed"]), status, str(len(r["evals"])), str(r["steps"]), ttt, loss, verdict, counted
+        )
     console.print(table)
     for r in summary["runs"]:
         if r.get("reason"):
@@ -34,8 +34,12 @@ def print_summary(console: Any, summary: dict) -> None:
     if summary["score_s"] is None:
         console.print(f"[bold]score:[/bold] n/a ({summary['score_reason']})")
     else:
-        console.print(f"[bold]score:[/bold] {summary['score_s']:.1f} s = {summary['score_min']:.2f} min "
-                      f"(olympic mean of {summary['n_runs']} runs, {summary['n_converged']} converged)")
+        console.print(
+            f"[bold]score:[/bold] {summary['score_s']:.1f} s = {summary['score_min']:.2f} min "
+            f"(olympic mean of {summary['n_runs']} runs, {summary['n_converged']} converged)"
+        )
     if summary["compliant_all"] is False:
-        console.print("[red]not compliant:[/red] see run_<i>/compliance.txt"
-                      + ("" if summary["seed_check_ok"] else " and the seed check"))
+        console.print(
+            "[red]not compliant:[/red] see run_<i>/compliance.txt"
+            + ("" if summary["seed_check_ok"] else " and the seed check")
+        )

@@ -32,22 +32,26 @@ def _options():
     global _OPTIONS
     if _OPTIONS is None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions
+
         _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
     return _OPTIONS
 
 
 def _strict_options(strict: bool):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
+
     return StateDictOptions(strict=strict)
 
 
 def _is_lora_param(name: str) -> bool:
     from scaletrain.model.lora import is_lora_param
+
     return is_lora_param(name)
 
 
 def _dcp_exception() -> type:
     from torch.distributed.checkpoint.api import CheckpointException
+
     return CheckpointException
 
 
@@ -92,6 +96,7 @@ class Checkpointer:
     def state_dict(self, parts, optimizers) -> tuple[dict, list[tuple[dict, dict]]]:
         """One flat dict for DCP (model and optimizer entries) and the per-part (model, optim) dicts."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
         flat, per_part = {}, []
         for part, opt in zip(parts, optimizers):
             msd = get_model_state_dict(part)
@@ -116,7 +121,8 @@ class Checkpointer:
         if not self.enabled:
             return False
         due = (self.interval_steps > 0 and step - self.last_step >= self.interval_steps) or (
-            self.interval_s > 0 and time.monotonic() - self.last_time >= self.interval_s)
+            self.interval_s > 0 and time.monotonic() - self.last_time >= self.interval_s
+        )
         if dist.is_initialized() and dist.get_world_size() > 1:
             device = "cuda" if dist.get_backend() == "nccl" else "cpu"
             flag = torch.tensor([1 if due else 0], dtype=torch.int32, device=device)
@@ -128,6 +134,7 @@ class Checkpointer:
         """Write step_<step>; with async_save return once staged and publish on the next save or at finish()."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import FileSystemWriter
+
         self.finish()  # publish the previous async save first: at most one in flight
         final = store.step_dir(self.root, step)
         tmp = final.with_name(final.name + ".tmp")
@@ -140,6 +147,7 @@ class Checkpointer:
                 raise CheckpointError(f"{final}: already exists; refusing to overwrite a complete checkpoint")
             if tmp.exists():
                 import shutil
+
                 shutil.rmtree(tmp)  # left by a crash mid-save: never published, safe to discard
             tmp.mkdir(parents=True)
         self._barrier()
@@ -161,8 +169,9 @@ class Checkpointer:
                     self._publish(tmp, final, info, my_files)
         except (Exception, _dcp_exception()) as exc:  # OSError, or DCP's wrapper (a BaseException) around it
             self._abandon(tmp)
-            raise CheckpointError(f"checkpoint save at step {step} into {tmp} failed: {_cause(exc)}; "
-                                  f"earlier checkpoints are untouched") from None
+            raise CheckpointError(
+                f"checkpoint save at step {step} into {tmp} failed: {_cause(exc)}; earlier checkpoints are untouched"
+            ) from None
         self.last_step, self.last_time = step, time.monotonic()
         return final
 
@@ -177,8 +186,9 @@ class Checkpointer:
             self._publish(tmp, final, info, my_files)
         except (Exception, _dcp_exception()) as exc:
             self._abandon(tmp)
-            raise CheckpointError(f"asynchronous checkpoint save into {tmp} failed: {_cause(exc)}; "
-                                  f"earlier checkpoints are untouched") from None
+            raise CheckpointError(
+                f"asynchronous checkpoint save into {tmp} failed: {_cause(exc)}; earlier checkpoints are untouched"
+            ) from None
 
     def _write_sidecars(self, tmp: Path, info: dict, rank: int) -> list[str]:
         names = []
@@ -213,6 +223,7 @@ class Checkpointer:
     def _abandon(self, tmp: Path) -> None:
         if _rank() == 0:
             import shutil
+
             shutil.rmtree(tmp, ignore_errors=True)
 
     def _barrier(self) -> None:
@@ -264,6 +275,7 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
         from scaletrain.checkpoint import safe_load
+
         path = Path(path)
         info = safe_load.read_trainer(path)
         metadata = safe_load.read_metadata(path)
@@ -282,6 +294,7 @@ class Checkpointer:
             safe_load.set_rng(rng_file, safe_load.read_rng(rng_file))
         if _rank() == 0:
             from scaletrain.checkpoint.resume import warn_changed_settings
+
             warn_changed_settings(path, info, self.cfg)
         self.last_step, self.last_time = int(info["step"]), time.monotonic()
         return info
@@ -301,9 +314,11 @@ class Checkpointer:
         if len(saved) != len(have):
             extra = sorted(saved - have) or sorted(have - saved)
             where = "only in the checkpoint" if saved - have else "only in this model"
-            raise CheckpointError(f"{path}: the checkpoint's model has {len(saved)} tensors, the model being built "
-                                  f"has {len(have)} (e.g. {extra[0][6:]!r} {where}; model.* config differs from "
-                                  "the checkpoint's)")
+            raise CheckpointError(
+                f"{path}: the checkpoint's model has {len(saved)} tensors, the model being built "
+                f"has {len(have)} (e.g. {extra[0][6:]!r} {where}; model.* config differs from "
+                "the checkpoint's)"
+            )
         for key, value in flat.items():
             if not key.startswith("model.") or not hasattr(value, "shape"):
                 continue
@@ -311,15 +326,24 @@ class Checkpointer:
                 raise CheckpointError(f"{path}: has no tensor {key[6:]!r}; it was saved from another model")
             saved_shape = tuple(getattr(meta[key], "size", ()))
             if saved_shape != tuple(value.shape):
-                raise CheckpointError(f"{path}: {key[6:]} has shape {list(saved_shape)}, this model has "
-                                      f"{list(value.shape)} (model.* config differs from the checkpoint's)")
+                raise CheckpointError(
+                    f"{path}: {key[6:]} has shape {list(saved_shape)}, this model has "
+                    f"{list(value.shape)} (model.* config differs from the checkpoint's)"
+                )
 
 
 def trainer_state(step: int, cfg, layout, harness: dict | None) -> dict:
     """What trainer.json records besides the step."""
-    return {"consumed_samples": step * cfg.train.global_batch_size, "seed": cfg.train.seed,
-            "layout": layout.describe(), "world_size": layout.world_size, "harness": harness or {},
-            "config": cfg.to_dict(), "pid": os.getpid(), "time": time.time()}
+    return {
+        "consumed_samples": step * cfg.train.global_batch_size,
+        "seed": cfg.train.seed,
+        "layout": layout.describe(),
+        "world_size": layout.world_size,
+        "harness": harness or {},
+        "config": cfg.to_dict(),
+        "pid": os.getpid(),
+        "time": time.time(),
+    }
 
 
 def load_full_model(path: Path, verify_mode: str = "sha256", _chain: tuple = ()):
@@ -331,6 +355,7 @@ def load_full_model(path: Path, verify_mode: str = "sha256", _chain: tuple = ())
     from scaletrain.checkpoint import safe_load
     from scaletrain.config import ConfigError, from_dict
     from scaletrain.model.build import build_model
+
     path = Path(path)
     if str(path.resolve()) in _chain:
         raise CheckpointError(f"{path}: checkpoint.init_from leads back to this checkpoint (a loop)")
@@ -346,14 +371,15 @@ def load_full_model(path: Path, verify_mode: str = "sha256", _chain: tuple = ())
         # An adapter-only checkpoint: the base is checkpoint.init_from or else the seed init (what the trainer froze); the adapters
         # are loaded below. Callers that want plain weights use model.lora.merge_lora.
         from scaletrain.model.lora import apply_lora, init_lora
+
         if cfg.checkpoint.init_from:
             from scaletrain.checkpoint.init_from import read_base_state
+
             base = read_base_state(cfg.checkpoint.init_from, _chain=(*_chain, str(path.resolve())))
             model.load_state_dict(base[1], strict=False)
         apply_lora(model, cfg.lora)
         init_lora(model, int(info.get("seed", cfg.train.seed)))
-    flat = {f"model.{k}": v for k, v in model.state_dict().items()
-            if cfg.lora.rank <= 0 or _is_lora_param(k)}
+    flat = {f"model.{k}": v for k, v in model.state_dict().items() if cfg.lora.rank <= 0 or _is_lora_param(k)}
     Checkpointer(cfg, path.parent)._check_shapes(path, flat, metadata, gather=False)
     try:
         safe_load.load_dcp(flat, path, metadata, no_dist=True)

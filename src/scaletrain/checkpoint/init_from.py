@@ -45,23 +45,29 @@ def read_base_state(path: str | Path, _chain: tuple = ()) -> tuple[ModelConfig, 
         return _read_hf(p)
     ckpt = _newest_checkpoint(p)
     if ckpt is None:
-        raise CheckpointError(f"checkpoint.init_from={path}: neither a Hugging Face directory nor a directory "
-                              "holding a complete scaletrain checkpoint")
+        raise CheckpointError(
+            f"checkpoint.init_from={path}: neither a Hugging Face directory nor a directory "
+            "holding a complete scaletrain checkpoint"
+        )
     from scaletrain.checkpoint.checkpointer import load_full_model
+
     cfg, model = load_full_model(ckpt, _chain=_chain)
     if cfg.lora.rank > 0:
         from scaletrain.model.lora import merge_lora
+
         merge_lora(model)
     return cfg.model, {k: v.detach() for k, v in model.state_dict().items()}
 
 
 def _read_hf(p: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     from safetensors import SafetensorError
+
     try:
         hf = json.loads((p / "config.json").read_text())
         if not isinstance(hf, dict):
             raise ValueError(f"{p / 'config.json'}: not a JSON object")
         from scaletrain.checkpoint.hf import import_hf, import_llama_hf
+
         if hf.get("model_type", "") == "llama":
             return import_llama_hf(p)
         return import_hf(p)
@@ -72,8 +78,9 @@ def _read_hf(p: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
 
 def check_compatible(want: ModelConfig, have: ModelConfig, where: str) -> None:
     """One-line CheckpointError when the saved model's shapes differ from the configured one."""
-    diffs = [f"{f} {getattr(have, f)} != {getattr(want, f)}" for f in _SHAPE_FIELDS
-             if getattr(have, f) != getattr(want, f)]
+    diffs = [
+        f"{f} {getattr(have, f)} != {getattr(want, f)}" for f in _SHAPE_FIELDS if getattr(have, f) != getattr(want, f)
+    ]
     if diffs:
         raise CheckpointError(f"checkpoint.init_from={where}: saved model does not match model.*: {', '.join(diffs)}")
 
@@ -84,12 +91,15 @@ def load_base_weights(parts: list[torch.nn.Module], state: dict[str, torch.Tenso
     Keys a part does not hold (other pipeline stages) and parameters the state lacks (LoRA adapters) are skipped.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
     for part in parts:
         own = part.state_dict()
         subset = {k: v for k, v in state.items() if k in own}
         missing = [k for k in own if k not in state and "lora_" not in k]
         if missing:
-            raise CheckpointError(f"checkpoint.init_from: saved weights lack {missing[0]} (and {len(missing) - 1} more)")
+            raise CheckpointError(
+                f"checkpoint.init_from: saved weights lack {missing[0]} (and {len(missing) - 1} more)"
+            )
         set_model_state_dict(part, subset, options=StateDictOptions(full_state_dict=True, strict=False))
         if hasattr(part, "tie_weights"):
             part.tie_weights()

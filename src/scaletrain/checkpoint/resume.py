@@ -59,6 +59,7 @@ def _is_log_of(path: Path, size: int, t_start: int) -> bool:
     import json
 
     from scaletrain.bench.mllog import TOKEN
+
     if not path.is_file() or path.stat().st_size < size:
         return False
     with open(path, "rb") as f:
@@ -69,7 +70,7 @@ def _is_log_of(path: Path, size: int, t_start: int) -> bool:
         at = line.find(TOKEN)
         if at >= 0 and '"run_start"' in line:
             try:
-                event = json.loads(line[at + len(TOKEN):])
+                event = json.loads(line[at + len(TOKEN) :])
             except ValueError:
                 return False
             return event.get("key") == "run_start" and event.get("time_ms") == t_start
@@ -87,8 +88,10 @@ def restore_mllog(log_path: Path, checkpoint: Path | None, info: dict) -> None:
     size, t_start = int(harness["mllog_bytes"]), int(harness["t_start"])
     candidates = _source_logs(log_path, checkpoint, info)
     if log_path.exists() and not _is_log_of(log_path, size, t_start):
-        raise CheckpointError(f"{log_path}: not the MLLOG of the run that saved {checkpoint} (no run_start at "
-                              f"time_ms {t_start} in its first {size} bytes); resume into a new run directory")
+        raise CheckpointError(
+            f"{log_path}: not the MLLOG of the run that saved {checkpoint} (no run_start at "
+            f"time_ms {t_start} in its first {size} bytes); resume into a new run directory"
+        )
     for source in candidates:
         if not _is_log_of(source, size, t_start):
             continue
@@ -103,6 +106,8 @@ def restore_mllog(log_path: Path, checkpoint: Path | None, info: dict) -> None:
         os.replace(tmp, log_path)
         return
     tried = ", ".join(str(c) for c in candidates[1:]) or "none known"
-    log_path.write_text(f"{_MARK}{checkpoint} at step {harness['steps']}; the MLLOG before it "
-                        f"({size} bytes; looked in: {tried}) was not found, so this log is incomplete\n")
+    log_path.write_text(
+        f"{_MARK}{checkpoint} at step {harness['steps']}; the MLLOG before it "
+        f"({size} bytes; looked in: {tried}) was not found, so this log is incomplete\n"
+    )
     _warn(f"resuming {checkpoint}: its run's MLLOG was not found ({tried}); {log_path} starts incomplete")

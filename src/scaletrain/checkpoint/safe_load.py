@@ -34,17 +34,40 @@ from scaletrain.checkpoint.store import TRAINER, CheckpointError
 _DCP = "torch.distributed.checkpoint."
 # Exactly what DCP pickles into .metadata (torch 2.11-2.13; FSDP, TP, PP, LoRA and optimizer state alike), plus
 # the dtypes a tensor of ours may have. pathlib moved PosixPath to pathlib._local in Python 3.13.
-_ALLOWED = frozenset({
-    (_DCP + "metadata", "Metadata"), (_DCP + "metadata", "TensorStorageMetadata"),
-    (_DCP + "metadata", "BytesStorageMetadata"), (_DCP + "metadata", "ChunkStorageMetadata"),
-    (_DCP + "metadata", "TensorProperties"), (_DCP + "metadata", "MetadataIndex"),
-    (_DCP + "metadata", "StorageMeta"), (_DCP + "metadata", "_MEM_FORMAT_ENCODING"),
-    (_DCP + "filesystem", "_StorageInfo"),
-    ("torch", "Size"), ("torch.serialization", "_get_layout"),
-    ("pathlib", "PosixPath"), ("pathlib._local", "PosixPath"),
-    *(("torch", dtype) for dtype in ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16",
-                                     "int8", "uint8", "bool", "float8_e4m3fn", "float8_e5m2")),
-})
+_ALLOWED = frozenset(
+    {
+        (_DCP + "metadata", "Metadata"),
+        (_DCP + "metadata", "TensorStorageMetadata"),
+        (_DCP + "metadata", "BytesStorageMetadata"),
+        (_DCP + "metadata", "ChunkStorageMetadata"),
+        (_DCP + "metadata", "TensorProperties"),
+        (_DCP + "metadata", "MetadataIndex"),
+        (_DCP + "metadata", "StorageMeta"),
+        (_DCP + "metadata", "_MEM_FORMAT_ENCODING"),
+        (_DCP + "filesystem", "_StorageInfo"),
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),
+        ("pathlib", "PosixPath"),
+        ("pathlib._local", "PosixPath"),
+        *(
+            ("torch", dtype)
+            for dtype in (
+                "float32",
+                "float64",
+                "float16",
+                "bfloat16",
+                "int64",
+                "int32",
+                "int16",
+                "int8",
+                "uint8",
+                "bool",
+                "float8_e4m3fn",
+                "float8_e5m2",
+            )
+        ),
+    }
+)
 # The only files DCP metadata may point into: this checkpoint's own shards (no paths, no other files).
 _SHARD = re.compile(r"^__\d+_\d+\.distcp$")
 
@@ -75,6 +98,7 @@ def read_metadata(directory: Path):
     """DCP Metadata of a checkpoint, unpickled with the restricted unpickler and checked; CheckpointError if not."""
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
+
     path = Path(directory) / ".metadata"
     try:
         md = _MetadataOnly(io.BytesIO(path.read_bytes())).load()
@@ -82,18 +106,26 @@ def read_metadata(directory: Path):
         raise CheckpointError(f"{path}: missing") from None
     except Exception as exc:  # any unpickling failure means the file is not ours
         raise CheckpointError(f"{path}: not DCP metadata ({_reason(exc)})") from None
-    if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict) or not isinstance(
-            md.storage_data, dict):
+    if (
+        not isinstance(md, Metadata)
+        or not isinstance(md.state_dict_metadata, dict)
+        or not isinstance(md.storage_data, dict)
+    ):
         raise CheckpointError(f"{path}: not DCP metadata (a {type(md).__name__}, not a complete Metadata)")
     for key, item in md.state_dict_metadata.items():
         tensor = isinstance(item, TensorStorageMetadata) and isinstance(item.size, torch.Size)
         if not isinstance(key, str) or not (tensor or isinstance(item, BytesStorageMetadata)):
             raise CheckpointError(f"{path}: not DCP metadata (entry {key!r} is a {type(item).__name__})")
     for info in md.storage_data.values():
-        if not isinstance(info, _StorageInfo) or not isinstance(info.relative_path, str) or not _SHARD.match(
-                info.relative_path):
-            raise CheckpointError(f"{path}: not DCP metadata (points at {getattr(info, 'relative_path', info)!r}, "
-                                  "not a shard of this checkpoint)")
+        if (
+            not isinstance(info, _StorageInfo)
+            or not isinstance(info.relative_path, str)
+            or not _SHARD.match(info.relative_path)
+        ):
+            raise CheckpointError(
+                f"{path}: not DCP metadata (points at {getattr(info, 'relative_path', info)!r}, "
+                "not a shard of this checkpoint)"
+            )
         if info.transform_descriptors:  # we never compress; a decoder is code we did not ask for
             raise CheckpointError(f"{path}: not DCP metadata (unexpected transforms {info.transform_descriptors})")
     return md
@@ -108,6 +140,7 @@ class VettedReader(FileSystemReader):
 
     def read_metadata(self, *args, **kwargs):
         from torch.distributed.checkpoint.metadata import StorageMeta
+
         if kwargs.get("rank") is not None:  # DCP's fallback to per-rank metadata files, which we never write
             raise CheckpointError(f"{self.path}: per-rank metadata is not used by scaletrain checkpoints")
         md = self._metadata
@@ -126,14 +159,16 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
         from torch.distributed.checkpoint._traverse import set_element
+
         fqn = read_item.dest_index.fqn
         try:
             obj = torch.load(value, weights_only=True)
         except Exception as exc:
             info = (self.metadata.storage_data or {}).get(read_item.storage_index) if self.metadata else None
             where = self._directory / (info.relative_path if info is not None else "?")
-            raise CheckpointError(f"{where}: entry {fqn!r} is not plain data; refused to unpickle it "
-                                  f"({_reason(exc)})") from None
+            raise CheckpointError(
+                f"{where}: entry {fqn!r} is not plain data; refused to unpickle it ({_reason(exc)})"
+            ) from None
         # What DefaultLoadPlanner.load_bytes does with the object it loaded.
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[fqn], obj)
@@ -146,11 +181,16 @@ def load_dcp(state_dict: dict, directory: Path, metadata, no_dist: bool = False)
     import warnings
 
     import torch.distributed.checkpoint as dcp
+
     with warnings.catch_warnings():
         # A single-process load is what we mean; DCP's note about it would break a one-line error on stderr.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        dcp.load(state_dict, storage_reader=VettedReader(directory, metadata), planner=SafeLoadPlanner(directory),
-                 no_dist=no_dist)
+        dcp.load(
+            state_dict,
+            storage_reader=VettedReader(directory, metadata),
+            planner=SafeLoadPlanner(directory),
+            no_dist=no_dist,
+        )
 
 
 def _load_json(path: Path):
@@ -208,8 +248,11 @@ def read_rng(path: Path) -> dict:
         rng = torch.load(path, weights_only=True)
     except Exception as exc:
         raise CheckpointError(f"{path}: not an RNG state; refused to unpickle it ({_reason(exc)})") from None
-    ok = isinstance(rng, dict) and all(
-        isinstance(rng.get(k), torch.Tensor) and rng[k].dtype == torch.uint8 for k in rng) and "cpu" in rng
+    ok = (
+        isinstance(rng, dict)
+        and all(isinstance(rng.get(k), torch.Tensor) and rng[k].dtype == torch.uint8 for k in rng)
+        and "cpu" in rng
+    )
     if not ok:
         raise CheckpointError(f"{path}: not an RNG state (expected {{'cpu': uint8 tensor}})")
     return rng

@@ -101,8 +101,12 @@ def _manifest_problem(manifest) -> str | None:
     for name, meta in files.items():
         if not _FILE.match(name):
             return f"lists {name!r}, not a checkpoint file"
-        if not (isinstance(meta, dict) and type(meta.get("bytes")) is int and isinstance(meta.get("sha256"), str)
-                and _SHA.match(meta["sha256"])):
+        if not (
+            isinstance(meta, dict)
+            and type(meta.get("bytes")) is int
+            and isinstance(meta.get("sha256"), str)
+            and _SHA.match(meta["sha256"])
+        ):
             return f"entry for {name!r} is not {{'bytes': int, 'sha256': hex}}"
     if not {".metadata", TRAINER} <= set(files):
         return f"does not list .metadata and {TRAINER}"
@@ -167,6 +171,7 @@ def move_aside(path: Path, why: str) -> Path:
         aside, n = path.with_name(f"{path.name}.damaged-{stamp}-{n}"), n + 1
     os.replace(path, aside)
     import sys
+
     print(f"scaletrain: warning: {why}; moved to {aside}", file=sys.stderr, flush=True)
     return aside
 
@@ -194,4 +199,5 @@ def prune(root: Path, keep: int, protect: Path | None = None) -> list[Path]:
 def read_metadata(directory: Path):
     """DCP Metadata of a checkpoint, vetted (safe_load.read_metadata); CheckpointError when refused."""
     from scaletrain.checkpoint.safe_load import read_metadata as vetted
+
     return vetted(directory)

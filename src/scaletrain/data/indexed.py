@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 
@@ -31,8 +31,14 @@ VERSION = 1
 HEADER_SIZE = 34
 
 DTYPE_CODES: dict[int, type] = {
-    1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32,
-    5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16,
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float64,
+    7: np.float32,
+    8: np.uint16,
 }
 _CODE_OF = {np.dtype(t): c for c, t in DTYPE_CODES.items()}
 
@@ -107,8 +113,10 @@ class IndexedDatasetWriter:
             if arr.size and self._lo is not None and arr.dtype != self.dtype:
                 lo, hi = int(arr.min()), int(arr.max())
                 if lo < self._lo or hi > self._hi:
-                    raise DataError(f"{bin_path(self.prefix)}: token id {hi if hi > self._hi else lo} "
-                                    f"does not fit dtype {self.dtype}")
+                    raise DataError(
+                        f"{bin_path(self.prefix)}: token id {hi if hi > self._hi else lo} "
+                        f"does not fit dtype {self.dtype}"
+                    )
             arr = np.ascontiguousarray(arr, dtype=self.dtype)
             self._bin.write(arr.data)
             n += int(arr.size)
@@ -152,7 +160,7 @@ class IndexedDatasetWriter:
                 p.unlink()
         self._done = True
 
-    def __enter__(self) -> "IndexedDatasetWriter":
+    def __enter__(self) -> IndexedDatasetWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -168,16 +176,18 @@ def _pack_index(lengths: np.ndarray, dtype: np.dtype) -> bytes:
     if n:
         np.cumsum(lengths[:-1] * dtype.itemsize, out=pointers[1:])
     doc_idx = np.arange(n + 1, dtype=np.int64)
-    return b"".join([
-        HEADER,
-        struct.pack("<Q", VERSION),
-        struct.pack("<B", _CODE_OF[dtype]),
-        struct.pack("<Q", n),
-        struct.pack("<Q", n + 1),
-        lengths.astype("<i4").tobytes(),
-        pointers.astype("<i8").tobytes(),
-        doc_idx.astype("<i8").tobytes(),
-    ])
+    return b"".join(
+        [
+            HEADER,
+            struct.pack("<Q", VERSION),
+            struct.pack("<B", _CODE_OF[dtype]),
+            struct.pack("<Q", n),
+            struct.pack("<Q", n + 1),
+            lengths.astype("<i4").tobytes(),
+            pointers.astype("<i8").tobytes(),
+            doc_idx.astype("<i8").tobytes(),
+        ]
+    )
 
 
 def write_indexed(prefix: str | Path, documents: Iterable, dtype=None, vocab_size: int | None = None) -> None:
@@ -202,8 +212,7 @@ class IndexedDataset:
         self.prefix = Path(prefix)
         self.idx_file = idx_path(prefix)
         self.bin_file = bin_path(prefix)
-        (self.dtype, self.sequence_lengths, self.sequence_pointers,
-         self.document_indices) = _read_index(self.idx_file)
+        (self.dtype, self.sequence_lengths, self.sequence_pointers, self.document_indices) = _read_index(self.idx_file)
         # Token offset of every sequence start, plus the total at the end.
         seq_starts = np.zeros(self.sequence_lengths.size + 1, dtype=np.int64)
         np.cumsum(self.sequence_lengths, out=seq_starts[1:])
@@ -217,11 +226,15 @@ class IndexedDataset:
             raise DataError(f"{self.bin_file}: cannot read: {exc.strerror or exc}") from None
         want = self.num_tokens * item
         if size < want:
-            raise DataError(f"{self.bin_file}: truncated: {size} bytes, its index {self.idx_file.name} expects "
-                            f"{want} ({self.num_tokens} x {self.dtype})")
+            raise DataError(
+                f"{self.bin_file}: truncated: {size} bytes, its index {self.idx_file.name} expects "
+                f"{want} ({self.num_tokens} x {self.dtype})"
+            )
         if size > want:
-            raise DataError(f"{self.bin_file}: {size} bytes but its index {self.idx_file.name} expects {want} "
-                            f"({self.num_tokens} x {self.dtype}); wrong .idx for this .bin?")
+            raise DataError(
+                f"{self.bin_file}: {size} bytes but its index {self.idx_file.name} expects {want} "
+                f"({self.num_tokens} x {self.dtype}); wrong .idx for this .bin?"
+            )
         self.doc_offsets = seq_starts[self.document_indices]
         self.doc_lengths = np.diff(self.doc_offsets)
         # One-sequence-per-document files have byte pointers that equal the documents'.
@@ -244,7 +257,7 @@ class IndexedDataset:
         signed = self.dtype.kind == "i"
         tokens = self.tokens
         for lo in range(0, self.num_tokens, chunk):
-            part = tokens[lo:lo + chunk]
+            part = tokens[lo : lo + chunk]
             if int(part.max()) >= limit or (signed and int(part.min()) < 0):
                 bad = (part >= limit) | (part < 0) if signed else part >= limit
                 k = int(np.argmax(bad))
@@ -264,7 +277,7 @@ class IndexedDataset:
         if not -n <= i < n:
             raise IndexError(f"document {i} out of range for {n} documents")
         i %= n
-        return self.tokens[self.doc_offsets[i]:self.doc_offsets[i + 1]]
+        return self.tokens[self.doc_offsets[i] : self.doc_offsets[i + 1]]
 
     def __repr__(self) -> str:
         return f"IndexedDataset({str(self.prefix)!r}, docs={len(self)}, tokens={self.num_tokens}, dtype={self.dtype})"
@@ -295,13 +308,18 @@ def _check_pointers(path: Path, pointers: np.ndarray, seq_starts: np.ndarray, it
     drops = np.flatnonzero(np.diff(pointers) < 0)
     if drops.size:
         k = int(drops[0])
-        raise DataError(f"{path}: sequence byte pointers decrease at sequence {k + 1} "
-                        f"({int(pointers[k])} then {int(pointers[k + 1])})")
+        raise DataError(
+            f"{path}: sequence byte pointers decrease at sequence {k + 1} "
+            f"({int(pointers[k])} then {int(pointers[k + 1])})"
+        )
     if got < 0 or got > total:
-        raise DataError(f"{path}: sequence {bad} byte pointer {got} lies outside the {total} bytes "
-                        f"the sequence sizes add up to")
-    raise DataError(f"{path}: sequence {bad} byte pointer {got} != {int(want[bad])} implied by the sizes "
-                    f"of the sequences before it; sequences must be stored back to back")
+        raise DataError(
+            f"{path}: sequence {bad} byte pointer {got} lies outside the {total} bytes the sequence sizes add up to"
+        )
+    raise DataError(
+        f"{path}: sequence {bad} byte pointer {got} != {int(want[bad])} implied by the sizes "
+        f"of the sequences before it; sequences must be stored back to back"
+    )
 
 
 def _read_index(path: Path):
@@ -326,10 +344,17 @@ def _read_index(path: Path):
     n_seq, n_doc_idx = struct.unpack_from("<QQ", raw, 18)
     want = HEADER_SIZE + 12 * n_seq + 8 * n_doc_idx
     if len(raw) != want:
-        hint = ("; multimodal indices are not supported" if len(raw) == want + n_seq
-                else "; truncated?" if len(raw) < want else "")
-        raise DataError(f"{path}: {len(raw)} bytes but the header ({n_seq} sequences, {n_doc_idx} document "
-                        f"indices) implies {want}{hint}")
+        hint = (
+            "; multimodal indices are not supported"
+            if len(raw) == want + n_seq
+            else "; truncated?"
+            if len(raw) < want
+            else ""
+        )
+        raise DataError(
+            f"{path}: {len(raw)} bytes but the header ({n_seq} sequences, {n_doc_idx} document "
+            f"indices) implies {want}{hint}"
+        )
     off = HEADER_SIZE
     lengths = np.frombuffer(raw, dtype="<i4", count=n_seq, offset=off).astype(np.int64)
     off += 4 * n_seq
@@ -339,8 +364,14 @@ def _read_index(path: Path):
     if n_seq and lengths.min() < 0:
         raise DataError(f"{path}: negative sequence length at sequence {int(np.argmin(lengths))}")
     if n_doc_idx < 1 or doc_idx[0] != 0 or doc_idx[-1] != n_seq or np.any(np.diff(doc_idx) < 0):
-        detail = ("none stored" if n_doc_idx < 1 else f"first {int(doc_idx[0])}" if doc_idx[0] != 0
-                  else f"last {int(doc_idx[-1])}" if doc_idx[-1] != n_seq
-                  else f"they decrease at index {int(np.argmax(np.diff(doc_idx) < 0)) + 1}")
+        detail = (
+            "none stored"
+            if n_doc_idx < 1
+            else f"first {int(doc_idx[0])}"
+            if doc_idx[0] != 0
+            else f"last {int(doc_idx[-1])}"
+            if doc_idx[-1] != n_seq
+            else f"they decrease at index {int(np.argmax(np.diff(doc_idx) < 0)) + 1}"
+        )
         raise DataError(f"{path}: document indices must rise from 0 to the sequence count {n_seq} ({detail})")
     return dtype, lengths, pointers, doc_idx

@@ -28,10 +28,10 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Callable
 
 from .indexed import DataError
 from .sft import SFTData, SFTValid, prepare_sft
@@ -60,7 +60,7 @@ class KJVCorpus:
     valid_prefix: Path
 
     @classmethod
-    def at(cls, root: str | Path) -> "KJVCorpus":
+    def at(cls, root: str | Path) -> KJVCorpus:
         root = Path(root)
         return cls(root, root / "train", root / "valid")
 
@@ -106,8 +106,7 @@ def make_pairs(text: str, valid_books=VALID_BOOKS, name: str = "kjv.txt") -> dic
     split: dict[str, list[dict]] = {"train": [], "valid": []}
     for (book, line), (nbook, nline) in zip(verses, verses[1:]):
         if book == nbook:
-            split["valid" if book in valid_books else "train"].append(
-                {"input": line, "output": nline.split(" ", 1)[1]})
+            split["valid" if book in valid_books else "train"].append({"input": line, "output": nline.split(" ", 1)[1]})
     return split
 
 
@@ -139,8 +138,10 @@ def fetch_text(root: Path, log: Log) -> str:
         return kept.read_text(encoding="ascii")
     for tool in ("apt-get", "dpkg-deb"):
         if shutil.which(tool) is None:
-            raise DataError(f"{root}: `{tool}` not found; the KJV comes from Debian packages {DEB_PACKAGES} "
-                            f"(use --excerpt offline or off Debian)")
+            raise DataError(
+                f"{root}: `{tool}` not found; the KJV comes from Debian packages {DEB_PACKAGES} "
+                f"(use --excerpt offline or off Debian)"
+            )
     log(f"downloading {' '.join(DEB_PACKAGES)} with apt-get")
     with tempfile.TemporaryDirectory(dir=root, prefix=".download-") as tmp:
         tmp = Path(tmp)
@@ -155,8 +156,10 @@ def fetch_text(root: Path, log: Log) -> str:
         data = _run([str(tmp / "x" / "usr" / "bin" / "bible"), "-f", "-p", ".", "Gen1:1-Rev22:21"], lib)
     got = _sha256(data)
     if got != TEXT_SHA256:
-        raise DataError(f"{root}: the KJV text printed by `bible` has sha256 {got[:16]}… ({len(data)} bytes), "
-                        f"not the pinned {TEXT_SHA256[:16]}…; has Debian's bible-kjv changed?")
+        raise DataError(
+            f"{root}: the KJV text printed by `bible` has sha256 {got[:16]}… ({len(data)} bytes), "
+            f"not the pinned {TEXT_SHA256[:16]}…; has Debian's bible-kjv changed?"
+        )
     tmp_file = kept.with_name(f".kjv.txt.tmp{os.getpid()}")
     tmp_file.write_bytes(data)
     os.replace(tmp_file, kept)
@@ -166,10 +169,15 @@ def fetch_text(root: Path, log: Log) -> str:
 def _stats(prefix: Path, tok: Tokenizer) -> dict:
     d = SFTData(prefix, tok, tok.vocab_size)
     v = SFTValid(d, PROXY_SEQ_LEN)
-    return {"pairs": len(d), "input_tokens": int(d.input_len.sum()), "output_tokens": int(d.output_len.sum()),
-            f"sequences_at_{PROXY_SEQ_LEN}": v.num_sequences, "label_tokens": v.num_label_tokens,
-            "label_fraction_of_tokens": round(v.num_label_tokens / v.num_tokens, 4),
-            "label_fraction_of_positions": round(v.num_label_tokens / (v.num_sequences * PROXY_SEQ_LEN), 4)}
+    return {
+        "pairs": len(d),
+        "input_tokens": int(d.input_len.sum()),
+        "output_tokens": int(d.output_len.sum()),
+        f"sequences_at_{PROXY_SEQ_LEN}": v.num_sequences,
+        "label_tokens": v.num_label_tokens,
+        "label_fraction_of_tokens": round(v.num_label_tokens / v.num_tokens, 4),
+        "label_fraction_of_positions": round(v.num_label_tokens / (v.num_sequences * PROXY_SEQ_LEN), 4),
+    }
 
 
 def prepare_kjv(root: str | Path, tokenizer: str | Path, text: str, log: Log | None = None) -> KJVCorpus:
@@ -182,8 +190,12 @@ def prepare_kjv(root: str | Path, tokenizer: str | Path, text: str, log: Log | N
     log = log or (lambda msg: None)
     corpus = KJVCorpus.at(Path(root).expanduser())
     tok = Tokenizer(tokenizer)
-    recipe = {"pipeline": PIPELINE_VERSION, "text_sha256": _sha256(text.encode("ascii")),
-              "valid_books": list(VALID_BOOKS), "tokenizer_sha256": tok.sha256}
+    recipe = {
+        "pipeline": PIPELINE_VERSION,
+        "text_sha256": _sha256(text.encode("ascii")),
+        "valid_books": list(VALID_BOOKS),
+        "tokenizer_sha256": tok.sha256,
+    }
 
     def complete() -> bool:
         try:
@@ -217,8 +229,7 @@ def prepare_kjv(root: str | Path, tokenizer: str | Path, text: str, log: Log | N
     return corpus
 
 
-def fetch_kjv(data_dir: str | Path, vocab_size: int = 8192, excerpt: bool = False,
-              log: Log | None = None) -> KJVCorpus:
+def fetch_kjv(data_dir: str | Path, vocab_size: int = 8192, excerpt: bool = False, log: Log | None = None) -> KJVCorpus:
     """Prepare DATA_DIR/kjv with the Shakespeare tokenizer of DATA_DIR/shakespeare (built first if missing).
 
     excerpt=True builds from the packaged excerpt and the Shakespeare excerpt corpus: no network.
@@ -252,10 +263,15 @@ def resolve_paths(data_cfg) -> tuple[Path, Path, Path | None]:
     default = kjv_paths(data_dir)
     uses_default = not (data_cfg.train_prefix and data_cfg.valid_prefix)
     if uses_default and not default.stamp.is_file():
-        raise DataError(f"{default.root}: KJV SFT set not prepared; run `scaletrain data fetch --corpus kjv` "
-                        f"or set data.train_prefix / data.valid_prefix")
+        raise DataError(
+            f"{default.root}: KJV SFT set not prepared; run `scaletrain data fetch --corpus kjv` "
+            f"or set data.train_prefix / data.valid_prefix"
+        )
     train = Path(data_cfg.train_prefix) if data_cfg.train_prefix else default.train_prefix
     valid = Path(data_cfg.valid_prefix) if data_cfg.valid_prefix else default.valid_prefix
-    tok = Path(data_cfg.tokenizer) if data_cfg.tokenizer else (
-        default_paths(data_dir).tokenizer if uses_default else None)
+    tok = (
+        Path(data_cfg.tokenizer)
+        if data_cfg.tokenizer
+        else (default_paths(data_dir).tokenizer if uses_default else None)
+    )
     return train, valid, tok

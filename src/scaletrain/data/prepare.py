@@ -10,8 +10,8 @@ import gzip
 import json
 import os
 import zlib
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -156,8 +156,12 @@ def _write_json_atomic(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
-def prepare_dataset(inputs: Sequence[str | Path], out_prefix: str | Path, tokenizer: Tokenizer | str | Path,
-                    num_threads: int | None = None) -> dict:
+def prepare_dataset(
+    inputs: Sequence[str | Path],
+    out_prefix: str | Path,
+    tokenizer: Tokenizer | str | Path,
+    num_threads: int | None = None,
+) -> dict:
     """Tokenize documents from `inputs` into OUT_PREFIX.bin/.idx and write OUT_PREFIX.meta.json; return the meta dict.
 
     Documents are stored in input order, one sequence each, without end tokens; empty ones are skipped.
@@ -240,13 +244,16 @@ def read_meta(prefix: str | Path) -> dict | None:
         if key not in meta:
             raise DataError(f"{path}: missing field {key!r}")
         if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
-            raise DataError(f"{path}: field {key!r} must be {'a string' if kind is str else 'an integer'}, "
-                            f"got {json.dumps(meta[key])[:40]}")
+            raise DataError(
+                f"{path}: field {key!r} must be {'a string' if kind is str else 'an integer'}, "
+                f"got {json.dumps(meta[key])[:40]}"
+            )
     return meta
 
 
-def load_dataset(prefix: str | Path, tokenizer: Tokenizer | None = None,
-                 vocab_size: int | None = None) -> IndexedDataset:
+def load_dataset(
+    prefix: str | Path, tokenizer: Tokenizer | None = None, vocab_size: int | None = None
+) -> IndexedDataset:
     """Open PREFIX.bin/.idx and check it against its sidecar, the tokenizer and the model's vocab_size.
 
     Checks: the sidecar describes these files; it was tokenized by this tokenizer (sha256) with this
@@ -258,18 +265,23 @@ def load_dataset(prefix: str | Path, tokenizer: Tokenizer | None = None,
     mfile = meta_path(prefix)
     if meta is not None:
         if (meta["num_tokens"], meta["num_documents"]) != (ds.num_tokens, len(ds)):
-            raise DataError(f"{mfile}: describes {meta['num_documents']} documents / {meta['num_tokens']} tokens "
-                            f"but {ds.bin_file.name} holds {len(ds)} / {ds.num_tokens}; stale sidecar, re-run prepare")
+            raise DataError(
+                f"{mfile}: describes {meta['num_documents']} documents / {meta['num_tokens']} tokens "
+                f"but {ds.bin_file.name} holds {len(ds)} / {ds.num_tokens}; stale sidecar, re-run prepare"
+            )
         if tokenizer is not None and meta["tokenizer_sha256"] != tokenizer.sha256:
-            raise DataError(f"{mfile}: dataset was tokenized with a tokenizer of sha256 "
-                            f"{meta['tokenizer_sha256'][:16]}… "
-                            f"(vocab {meta['vocab_size']}) but {tokenizer.path} has sha256 {tokenizer.sha256[:16]}… "
-                            f"(vocab {tokenizer.vocab_size})")
+            raise DataError(
+                f"{mfile}: dataset was tokenized with a tokenizer of sha256 "
+                f"{meta['tokenizer_sha256'][:16]}… "
+                f"(vocab {meta['vocab_size']}) but {tokenizer.path} has sha256 {tokenizer.sha256[:16]}… "
+                f"(vocab {tokenizer.vocab_size})"
+            )
         if vocab_size is not None and meta["vocab_size"] != vocab_size:
             raise DataError(f"{mfile}: dataset vocab_size {meta['vocab_size']} != model vocab_size {vocab_size}")
     if tokenizer is not None and vocab_size is not None and tokenizer.vocab_size != vocab_size:
-        raise DataError(f"{tokenizer.path}: tokenizer vocab_size {tokenizer.vocab_size} "
-                        f"!= model vocab_size {vocab_size}")
+        raise DataError(
+            f"{tokenizer.path}: tokenizer vocab_size {tokenizer.vocab_size} != model vocab_size {vocab_size}"
+        )
     limit = vocab_size if vocab_size is not None else (tokenizer.vocab_size if tokenizer is not None else None)
     if limit is not None and ds.num_tokens:
         # Always the full pass over the .bin, even with a sidecar: its max_token_id describes the file as
@@ -280,8 +292,13 @@ def load_dataset(prefix: str | Path, tokenizer: Tokenizer | None = None,
             pos, bad = hit
             doc, off = ds.locate(pos)
             recorded = meta.get("max_token_id") if meta is not None else None
-            why = (f"; its sidecar records max id {recorded}, so the .bin changed after it was written"
-                   if isinstance(recorded, int) and 0 <= recorded < limit else "")
-            raise DataError(f"{ds.bin_file}: token id {bad} outside the vocabulary [0, {limit}) "
-                            f"at token {pos} (document {doc}, offset {off}){why}")
+            why = (
+                f"; its sidecar records max id {recorded}, so the .bin changed after it was written"
+                if isinstance(recorded, int) and 0 <= recorded < limit
+                else ""
+            )
+            raise DataError(
+                f"{ds.bin_file}: token id {bad} outside the vocabulary [0, {limit}) "
+                f"at token {pos} (document {doc}, offset {off}){why}"
+            )
     return ds

@@ -13,7 +13,7 @@ positions, so every token is an input exactly once and the token-weighted mean C
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -102,8 +102,9 @@ class TrainSamples:
         """(inputs, labels), LongTensors of shape [count, seq_len], for global positions [start, start+count)."""
         return _to_tensors(self._rows[self.sample_ids(start, count)])
 
-    def rank_batch(self, consumed: int, global_batch: int, dp_rank: int, dp_size: int,
-                   micro_batch: int, micro_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def rank_batch(
+        self, consumed: int, global_batch: int, dp_rank: int, dp_size: int, micro_batch: int, micro_index: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Micro-batch `micro_index` of data-parallel rank `dp_rank` in the global batch starting at `consumed`.
 
         Rank r owns rows [r*G/dp, (r+1)*G/dp) of the global batch and walks them in micro-batches,
@@ -152,11 +153,12 @@ class ValidSamples:
         inputs, labels = _to_tensors(flat.reshape(n, S))
         if hi - lo < n * S:
             # The partial sequence: its last real position and the padding after it carry no label.
-            labels.view(-1)[hi - lo - 1:] = IGNORE_INDEX
+            labels.view(-1)[hi - lo - 1 :] = IGNORE_INDEX
         return inputs, labels
 
-    def batches(self, micro_batch: int, dp_rank: int = 0, dp_size: int = 1
-                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def batches(
+        self, micro_batch: int, dp_rank: int = 0, dp_size: int = 1
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """(inputs, labels) over the whole set in order, micro_batch sequences at a time (the last may be smaller).
 
         With dp_size > 1 each rank gets a contiguous share of the sequences (shares differ by at most
@@ -181,8 +183,7 @@ class ValidSamples:
         return -(-(hi - lo) // micro_batch)
 
 
-def measure_loader_tokens_per_s(train_samples: TrainSamples, batch: int, seconds: float = 2.0,
-                                seed: int = 0) -> float:
+def measure_loader_tokens_per_s(train_samples: TrainSamples, batch: int, seconds: float = 2.0, seed: int = 0) -> float:
     """Input tokens/s that TrainSamples.batch() delivers alone, fetching `batch` samples at random global positions."""
     rng = np.random.default_rng(seed)
     # Positions within one epoch: a run reads epochs in order, so a permutation is built once per epoch.

@@ -29,8 +29,8 @@ import hashlib
 import json
 import os
 import zlib
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -86,8 +86,9 @@ def _parquet_pairs(path: Path, fin: str | None, fout: str | None) -> Iterator[tu
         raise DataError(f"{path}: cannot read parquet: {exc}") from None
 
 
-def read_pairs(paths: Iterable[str | Path], input_field: str | None = None,
-               output_field: str | None = None) -> Iterator[tuple[str, str]]:
+def read_pairs(
+    paths: Iterable[str | Path], input_field: str | None = None, output_field: str | None = None
+) -> Iterator[tuple[str, str]]:
     """(input, output) strings from JSONL (.jsonl/.json/.ndjson, optionally .gz) or .parquet files, in order.
 
     Without explicit field names each record uses "input"/"output", else "report"/"summary".
@@ -109,8 +110,13 @@ def read_pairs(paths: Iterable[str | Path], input_field: str | None = None,
             raise DataError(f"{path}: cannot read: {exc}") from None
 
 
-def prepare_sft(inputs: Sequence[str | Path], out_prefix: str | Path, tokenizer: Tokenizer | str | Path,
-                input_field: str | None = None, output_field: str | None = None) -> dict:
+def prepare_sft(
+    inputs: Sequence[str | Path],
+    out_prefix: str | Path,
+    tokenizer: Tokenizer | str | Path,
+    input_field: str | None = None,
+    output_field: str | None = None,
+) -> dict:
     """Tokenize pairs from `inputs` into OUT_PREFIX.bin/.idx (layout in the module docstring) plus its sidecar."""
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
     eos = tok.eos_id
@@ -143,9 +149,16 @@ def prepare_sft(inputs: Sequence[str | Path], out_prefix: str | Path, tokenizer:
         if w.num_documents == 0:
             raise DataError(f"{inputs[0] if inputs else out_prefix}: no examples found")
         n = w.num_documents
-    meta = {"format": "sft", "tokenizer_sha256": tok.sha256, "vocab_size": tok.vocab_size, "eos_id": eos,
-            "num_documents": n, "num_tokens": counts["input_tokens"] + counts["output_tokens"] + 2 * n,
-            **counts, "sources": [str(p) for p in inputs]}
+    meta = {
+        "format": "sft",
+        "tokenizer_sha256": tok.sha256,
+        "vocab_size": tok.vocab_size,
+        "eos_id": eos,
+        "num_documents": n,
+        "num_tokens": counts["input_tokens"] + counts["output_tokens"] + 2 * n,
+        **counts,
+        "sources": [str(p) for p in inputs],
+    }
     tmp = mfile.with_name(f".{mfile.name}.tmp{os.getpid()}")
     tmp.write_text(json.dumps(meta, indent=2) + "\n")
     os.replace(tmp, mfile)
@@ -160,8 +173,10 @@ class SFTData:
         self.name = str(self.ds.bin_file)
         meta = read_meta(prefix)
         if meta is None or meta.get("format") != "sft" or not isinstance(meta.get("eos_id"), int):
-            raise DataError(f"{meta_path(prefix)}: not an SFT dataset (no sidecar with \"format\": \"sft\"); "
-                            f"prepare it with scaletrain.data.sft.prepare_sft")
+            raise DataError(
+                f'{meta_path(prefix)}: not an SFT dataset (no sidecar with "format": "sft"); '
+                f"prepare it with scaletrain.data.sft.prepare_sft"
+            )
         self.eos = meta["eos_id"]
         if len(self.ds) == 0:
             raise DataError(f"{self.ds.bin_file}: no examples")
@@ -176,8 +191,10 @@ class SFTData:
             ok = last == ends - 1
         if not ok.all():
             k = int(np.argmin(ok))
-            raise DataError(f"{self.ds.bin_file}: document {k} is not an SFT example "
-                            f"(expected input, EOS, output, EOS; found {int(per_doc[k])} EOS)")
+            raise DataError(
+                f"{self.ds.bin_file}: document {k} is not an SFT example "
+                f"(expected input, EOS, output, EOS; found {int(per_doc[k])} EOS)"
+            )
         self.starts = starts.astype(np.int64)
         self.input_len = (seps - starts).astype(np.int64)
         self.output_len = (ends - seps - 2).astype(np.int64)
@@ -225,12 +242,12 @@ class _Packed:
             for k in range(int(self.bounds[j]), int(self.bounds[j + 1])):
                 s, ki, ko = int(d.starts[k]), int(self.keep_in[k]), int(self.keep_out[k])
                 sep = s + int(d.input_len[k])
-                inputs[r, p:p + ki] = tokens[s:s + ki]
+                inputs[r, p : p + ki] = tokens[s : s + ki]
                 inputs[r, p + ki] = eos
-                inputs[r, p + ki + 1:p + ki + 1 + ko] = tokens[sep + 1:sep + 1 + ko]
+                inputs[r, p + ki + 1 : p + ki + 1 + ko] = tokens[sep + 1 : sep + 1 + ko]
                 inputs[r, p + ki + 1 + ko] = eos
                 # Positions from the separator to the last output token predict output tokens and the final EOS.
-                labels[r, p + ki:p + ki + ko + 1] = inputs[r, p + ki + 1:p + ki + ko + 2]
+                labels[r, p + ki : p + ki + ko + 1] = inputs[r, p + ki + 1 : p + ki + ko + 2]
                 p += ki + ko + 2
         return torch.from_numpy(inputs), torch.from_numpy(labels)
 
@@ -281,5 +298,7 @@ def open_sft_datasets(data_cfg, vocab_size: int, seq_len: int, seed: int) -> tup
 
     train, valid, tok_path = resolve_paths(data_cfg)
     tok = Tokenizer(tok_path) if tok_path is not None else None
-    return (SFTSamples(SFTData(train, tok, vocab_size), seq_len, seed),
-            SFTValid(SFTData(valid, tok, vocab_size), seq_len))
+    return (
+        SFTSamples(SFTData(train, tok, vocab_size), seq_len, seed),
+        SFTValid(SFTData(valid, tok, vocab_size), seq_len),
+    )

@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 from .indexed import DataError
 
@@ -40,8 +40,13 @@ def _training_lines(text_files: Sequence[Path], max_bytes: int) -> Iterator[str]
                 k += 1
 
 
-def train_tokenizer(text_files: Iterable[str | Path], model_prefix: str | Path, vocab_size: int,
-                    max_train_bytes: int = MAX_TRAIN_BYTES, num_threads: int | None = None) -> Path:
+def train_tokenizer(
+    text_files: Iterable[str | Path],
+    model_prefix: str | Path,
+    vocab_size: int,
+    max_train_bytes: int = MAX_TRAIN_BYTES,
+    num_threads: int | None = None,
+) -> Path:
     """Train a SentencePiece BPE model on plain-text files; write MODEL_PREFIX.model and return its path.
 
     Each non-empty line is one training sentence. Deterministic for the same inputs.
@@ -67,7 +72,10 @@ def train_tokenizer(text_files: Iterable[str | Path], model_prefix: str | Path, 
             model_writer=buf,
             model_type="bpe",
             vocab_size=vocab_size,
-            pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
+            pad_id=PAD_ID,
+            eos_id=EOS_ID,
+            unk_id=UNK_ID,
+            bos_id=-1,
             split_digits=True,
             byte_fallback=True,
             character_coverage=0.9995,

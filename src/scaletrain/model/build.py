@@ -15,8 +15,10 @@ def build_model(cfg: ModelConfig, seed: int = 0) -> nn.Module:
     """
     if cfg.arch == "gpt3":
         from scaletrain.model.gpt import GPT
+
         return GPT(cfg, seed)
     if cfg.arch == "llama":
         from scaletrain.model.llama import Llama
+
         return Llama(cfg, seed)
     raise ValueError(f"model.arch={cfg.arch!r}: no model builder (known: 'gpt3', 'llama')")

@@ -25,6 +25,7 @@ def peak_tflops(device) -> tuple[str, float] | None:
     if getattr(device, "type", device) != "cuda":
         return None
     import torch
+
     name = torch.cuda.get_device_name(device).lower()
     # Longest key first, so "gb200" wins over "b200" and "h200" over nothing shorter.
     for key in sorted(DENSE_BF16_PEAK_TFLOPS, key=len, reverse=True):
@@ -49,22 +50,26 @@ def lora_params(cfg: ModelConfig, rank: int, targets=("qkv", "proj")) -> int:
     if rank <= 0:
         return 0
     h, f, hd = cfg.d_model, cfg.ffn_size, cfg.d_model // cfg.n_heads
-    fans = {"qkv": (h, h + 2 * cfg.kv_heads * hd), "proj": (h, h), "fc1": (h, f * (2 if cfg.arch == "llama" else 1)),
-            "fc2": (f, h)}
+    fans = {
+        "qkv": (h, h + 2 * cfg.kv_heads * hd),
+        "proj": (h, h),
+        "fc1": (h, f * (2 if cfg.arch == "llama" else 1)),
+        "fc2": (f, h),
+    }
     return cfg.n_layers * sum(rank * sum(fans[t]) for t in targets)
 
 
 def num_params(cfg: ModelConfig, include_embeddings: bool = True) -> int:
     """Parameters of the base model (tied head counted once, padded vocabulary rows included; no adapters)."""
-    h, f, l = cfg.d_model, cfg.ffn_size, cfg.n_layers
+    h, f, n_layers = cfg.d_model, cfg.ffn_size, cfg.n_layers
     if cfg.arch == "llama":
-        per_layer = _attn_proj_params(cfg) + _mlp_params(cfg) + 2 * h   # two RMSNorm weights, no biases
-        total = l * per_layer + h                                       # final RMSNorm
+        per_layer = _attn_proj_params(cfg) + _mlp_params(cfg) + 2 * h  # two RMSNorm weights, no biases
+        total = n_layers * per_layer + h  # final RMSNorm
         if include_embeddings:
-            total += 2 * cfg.padded_vocab * h                           # untied input and output embeddings
+            total += 2 * cfg.padded_vocab * h  # untied input and output embeddings
         return total
     per_layer = (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + 4 * h
-    total = l * per_layer + 2 * h
+    total = n_layers * per_layer + 2 * h
     if include_embeddings:
         total += cfg.padded_vocab * h + cfg.seq_len * h
     return total
@@ -72,16 +77,19 @@ def num_params(cfg: ModelConfig, include_embeddings: bool = True) -> int:
 
 def forward_flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, float]:
     """Forward model FLOPs per token by kind: "gemm" (layer weights), "attn" (QK^T and AV), "logits"."""
-    h, l, v = cfg.d_model, cfg.n_layers, cfg.padded_vocab
+    h, n_layers, v = cfg.d_model, cfg.n_layers, cfg.padded_vocab
     s = seq_len or cfg.seq_len
     # Full s^2 attention (no causal halving), as Megatron counts it: QK^T and AV are 2*s*h multiply-adds each.
-    return {"gemm": 2.0 * l * (_attn_proj_params(cfg) + _mlp_params(cfg)),
-            "attn": 2.0 * l * 2 * s * h,
-            "logits": 2.0 * h * v}
+    return {
+        "gemm": 2.0 * n_layers * (_attn_proj_params(cfg) + _mlp_params(cfg)),
+        "attn": 2.0 * n_layers * 2 * s * h,
+        "logits": 2.0 * h * v,
+    }
 
 
-def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, lora_rank: int = 0,
-                    lora_targets=("qkv", "proj")) -> float:
+def flops_per_token(
+    cfg: ModelConfig, seq_len: int | None = None, lora_rank: int = 0, lora_targets=("qkv", "proj")
+) -> float:
     """Training (forward + backward) model FLOPs per token at sequence length `seq_len` (default: the model's).
 
     Full training: backward = 2x forward. With LoRA (rank > 0) the base weights are frozen, so their GEMMs

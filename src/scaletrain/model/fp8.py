@@ -64,14 +64,14 @@ def fp8_supported(device) -> bool:
     return _capability(device.index) >= (8, 9)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _capability(index):
     return torch.cuda.get_device_capability(index)
 
 
 def amax_to_scale(amax: torch.Tensor, fp8_dtype: torch.dtype, margin: int = 0) -> torch.Tensor:
     """fp32 scale mapping |x| <= amax onto the fp8 range: fp8_max / (amax * 2**margin)."""
-    return torch.finfo(fp8_dtype).max / (amax.float().clamp(min=_EPS) * 2.0 ** margin)
+    return torch.finfo(fp8_dtype).max / (amax.float().clamp(min=_EPS) * 2.0**margin)
 
 
 def quantize(t: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
@@ -89,13 +89,25 @@ def _fits_scaled_mm(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.is_cuda and all(d % 16 == 0 for d in (*a.shape, b.shape[1]))
 
 
-def _gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, out_dtype: torch.dtype,
-          real: bool, fast_accum: bool) -> torch.Tensor:
+def _gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    out_dtype: torch.dtype,
+    real: bool,
+    fast_accum: bool,
+) -> torch.Tensor:
     """(a/scale_a) @ (b/scale_b) for fp8 a [M, K], b [K, N], in out_dtype; real FP8 GEMM when asked and it fits."""
     if real and (_fits_scaled_mm(a, b) or not a.is_cuda):
-        return torch._scaled_mm(a.contiguous(), b.t().contiguous().t(), scale_a=scale_a.reciprocal().reshape(()),
-                                scale_b=scale_b.reciprocal().reshape(()), out_dtype=out_dtype,
-                                use_fast_accum=fast_accum)
+        return torch._scaled_mm(
+            a.contiguous(),
+            b.t().contiguous().t(),
+            scale_a=scale_a.reciprocal().reshape(()),
+            scale_b=scale_b.reciprocal().reshape(()),
+            out_dtype=out_dtype,
+            use_fast_accum=fast_accum,
+        )
     return ((a.float() @ b.float()) * (scale_a * scale_b).reciprocal()).to(out_dtype)
 
 
@@ -130,8 +142,15 @@ class _Float8Matmul(torch.autograd.Function):
 class Float8Linear(nn.Linear):
     """nn.Linear whose GEMMs run in FP8 (see the module docstring); same parameters and state_dict."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
-                 recipe: Float8Recipe | None = None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        recipe: Float8Recipe | None = None,
+    ):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self._init_fp8(recipe or Float8Recipe())
 
@@ -167,8 +186,7 @@ class Float8Linear(nn.Linear):
     def _fp8_linear(self, x: torch.Tensor) -> torch.Tensor:
         dev = x.device.type
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-        out = _Float8Matmul.apply(x.reshape(-1, x.shape[-1]), self.weight, self, out_dtype,
-                                  self._use_real(x.device))
+        out = _Float8Matmul.apply(x.reshape(-1, x.shape[-1]), self.weight, self, out_dtype, self._use_real(x.device))
         out = out.reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias.to(out.dtype)
 
@@ -188,6 +206,7 @@ def _lora_class():
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self._fp8_linear(x) + self._lora_adapter(x)
+
     return Float8LoraLinear
 
 
@@ -214,6 +233,7 @@ def convert_to_float8(model: nn.Module, recipe: Float8Recipe, skip_first_last: b
     checkpointing, compile and FSDP.
     """
     from scaletrain.model.lora import LoraLinear
+
     n_layers = getattr(getattr(model, "cfg", None), "n_layers", None) or len(model.blocks)
     skip = {"0", str(n_layers - 1)} if skip_first_last else set()
     converted, skipped = 0, []
@@ -230,7 +250,9 @@ def convert_to_float8(model: nn.Module, recipe: Float8Recipe, skip_first_last: b
             m._init_fp8(recipe)
             converted += 1
     if skipped:
-        warnings.warn(f"convert_to_float8: left in high precision (unsupported kind): {', '.join(skipped)}")
+        warnings.warn(
+            f"convert_to_float8: left in high precision (unsupported kind): {', '.join(skipped)}", stacklevel=2
+        )
     if converted and hasattr(type(model), "init_weights") and "_fp8_wrapped_init" not in model.__dict__:
         model.__dict__["_fp8_wrapped_init"] = model.__dict__.get("init_weights")
         model.init_weights = types.MethodType(_init_weights_and_fp8_state, model)

@@ -15,10 +15,10 @@ import hashlib
 
 import torch
 
-_GOLDEN = -7046029254386353131   # 0x9E3779B97F4A7C15 as int64
-_M1 = -4658895280553007687       # 0xBF58476D1CE4E5B9
-_M2 = -7723592293110705685       # 0x94D049BB133111EB
-_CHUNK = 1 << 22                 # elements per generation pass: bounds the int64/float64 temporaries
+_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64
+_M1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
+_M2 = -7723592293110705685  # 0x94D049BB133111EB
+_CHUNK = 1 << 22  # elements per generation pass: bounds the int64/float64 temporaries
 
 
 def _srl(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -43,8 +43,8 @@ def param_key(seed: int, name: str) -> int:
 def _normal_at(flat_index: torch.Tensor, key: int) -> torch.Tensor:
     """Standard normal values (float64) of global flat positions `flat_index` in stream `key`."""
     c = flat_index * 2
-    u1 = _srl(_splitmix64(c ^ key), 11).double() * 2.0 ** -53
-    u2 = _srl(_splitmix64((c + 1) ^ key), 11).double() * 2.0 ** -53
+    u1 = _srl(_splitmix64(c ^ key), 11).double() * 2.0**-53
+    u2 = _srl(_splitmix64((c + 1) ^ key), 11).double() * 2.0**-53
     return torch.sqrt(-2.0 * torch.log1p(-u1)) * torch.cos(2.0 * torch.pi * u2)
 
 
@@ -55,9 +55,11 @@ def local_index_ranges(tensor: torch.Tensor) -> list[torch.Tensor]:
     plain shards of the same tensor dim, since it shards what tensor parallelism already split).
     """
     from torch.distributed.tensor import DTensor
+
     if not isinstance(tensor, DTensor):
         return [torch.arange(n) for n in tensor.shape]
     from torch.distributed.tensor.placement_types import Shard
+
     try:
         from torch.distributed.tensor.placement_types import _StridedShard
     except ImportError:  # pragma: no cover - older torch
@@ -85,14 +87,16 @@ def local_index_ranges(tensor: torch.Tensor) -> list[torch.Tensor]:
 def normal_(param: torch.Tensor, std: float, seed: int, name: str) -> None:
     """Fill `param` (plain tensor or DTensor shard) with N(0, std) values of stream (seed, name); meta is skipped."""
     from torch.distributed.tensor import DTensor
+
     local = param.to_local() if isinstance(param, DTensor) else param
     if local.is_meta or local.numel() == 0:
         return
     key = param_key(seed, name)
     ranges = local_index_ranges(param)
     if tuple(len(r) for r in ranges) != tuple(local.shape):
-        raise RuntimeError(f"init of {name}: computed shard shape {[len(r) for r in ranges]} "
-                           f"!= local shape {list(local.shape)}")
+        raise RuntimeError(
+            f"init of {name}: computed shard shape {[len(r) for r in ranges]} != local shape {list(local.shape)}"
+        )
     # Global flat index of every local element: sum_d index_d * stride_d of the full (global) tensor.
     strides = [1] * len(param.shape)
     for d in range(len(param.shape) - 2, -1, -1):
@@ -107,7 +111,7 @@ def normal_(param: torch.Tensor, std: float, seed: int, name: str) -> None:
     per_row = max(inner.numel(), 1)
     rows_per_pass = max(1, _CHUNK // per_row)
     for start in range(0, rows.numel(), rows_per_pass):
-        r = rows[start:start + rows_per_pass]
+        r = rows[start : start + rows_per_pass]
         index = (r[:, None] + inner[None, :]).reshape(-1)
         values = _normal_at(index, key) * std
-        flat[start * per_row: start * per_row + index.numel()].copy_(values.to(local.dtype))
+        flat[start * per_row : start * per_row + index.numel()].copy_(values.to(local.dtype))

@@ -47,7 +47,7 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, dtype: torch.dtype) -> 
     `to_empty` uninitialised, and the cost (seq x head_dim/2 products) is negligible next to the GEMMs.
     """
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim
-    inv_freq = 1.0 / (ROPE_THETA ** exponent)
+    inv_freq = 1.0 / (ROPE_THETA**exponent)
     with torch.autocast(device_type=positions.device.type, enabled=False):
         freqs = positions.float()[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -142,8 +142,10 @@ class Llama(nn.Module):
     def __init__(self, cfg: ModelConfig, seed: int = 0):
         super().__init__()
         if cfg.n_heads % cfg.kv_heads or cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 2:
-            raise ValueError(f"llama needs n_kv_heads | n_heads | d_model and an even head_dim, got "
-                             f"d_model={cfg.d_model} n_heads={cfg.n_heads} n_kv_heads={cfg.kv_heads}")
+            raise ValueError(
+                f"llama needs n_kv_heads | n_heads | d_model and an even head_dim, got "
+                f"d_model={cfg.d_model} n_heads={cfg.n_heads} n_kv_heads={cfg.kv_heads}"
+            )
         self.cfg = cfg
         self.embed: Embeddings | None = Embeddings(cfg)
         # ModuleDict keyed by index (not ModuleList) so pipeline stages can drop blocks and keep FQNs stable.

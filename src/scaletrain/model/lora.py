@@ -48,8 +48,17 @@ def _clean(name: str) -> str:
 class LoraAdapter(nn.Module):
     """The trainable pair (lora_a [r, in], lora_b [out, r]); `forward(x)` is (alpha/r)·B(A(dropout(x)))."""
 
-    def __init__(self, in_features: int, out_features: int, rank: int, alpha: float, dropout: float, kind: str,
-                 device=None, dtype=None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        rank: int,
+        alpha: float,
+        dropout: float,
+        kind: str,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         self.rank, self.scale, self.p, self.kind = rank, alpha / rank, float(dropout), kind
         self.lora_a = nn.Parameter(torch.empty(rank, in_features, device=device, dtype=dtype))
@@ -72,6 +81,7 @@ class LoraAdapter(nn.Module):
         if not self.training or self.p == 0.0:
             return x
         from torch.distributed.tensor import DTensor
+
         if isinstance(x, DTensor) and any(p.is_replicate() for p in x.placements):
             # A replicated input must get the same mask on every tensor-parallel peer, or the replicated A
             # would receive different gradients per rank and drift apart. DTensor's own RNG tracker covers only
@@ -90,6 +100,7 @@ class LoraAdapter(nn.Module):
             # Row-parallel adapter (A sharded on its input dim): reduce the r-wide partial sums before B,
             # r numbers per token instead of the output width.
             from torch.distributed.tensor import Replicate
+
             h = h.redistribute(h.device_mesh, [Replicate()] * h.device_mesh.ndim)
         return F.linear(h, self.lora_b) * self.scale
 
@@ -160,8 +171,16 @@ def apply_lora(model: nn.Module, lora_cfg, b_std: float = 0.0) -> nn.Module:
                     continue
                 if isinstance(base, LoraLinear):
                     raise ValueError(f"blocks.{bname}.{path} already has a LoRA adapter")
-                adapter = LoraAdapter(base.in_features, base.out_features, lora_cfg.rank, lora_cfg.alpha,
-                                      lora_cfg.dropout, kind, device=base.weight.device, dtype=base.weight.dtype)
+                adapter = LoraAdapter(
+                    base.in_features,
+                    base.out_features,
+                    lora_cfg.rank,
+                    lora_cfg.alpha,
+                    lora_cfg.dropout,
+                    kind,
+                    device=base.weight.device,
+                    dtype=base.weight.dtype,
+                )
                 setattr(parent, leaf + SUFFIX, adapter)
                 base.__class__ = LoraLinear
                 base.__dict__["_lora_adapter"] = adapter  # a plain reference: not a child module, see docstring

@@ -16,5 +16,4 @@ IGNORE_INDEX = -100
 
 def loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Summed token cross-entropy over unmasked labels (fp32), so callers can normalise by any token count."""
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
-                           reduction="sum")
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")

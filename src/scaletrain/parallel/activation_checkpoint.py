@@ -18,11 +18,17 @@ MODES = ("none", "full", "selective")
 
 def _selective_policy():
     from torch.utils.checkpoint import CheckpointPolicy
+
     ops = torch.ops.aten
-    save = {ops.mm.default, ops.addmm.default, ops.bmm.default, ops.linear.default,
-            ops._scaled_dot_product_flash_attention.default,
-            ops._scaled_dot_product_efficient_attention.default,
-            ops._scaled_dot_product_flash_attention_for_cpu.default}
+    save = {
+        ops.mm.default,
+        ops.addmm.default,
+        ops.bmm.default,
+        ops.linear.default,
+        ops._scaled_dot_product_flash_attention.default,
+        ops._scaled_dot_product_efficient_attention.default,
+        ops._scaled_dot_product_flash_attention_for_cpu.default,
+    }
     if hasattr(ops, "_scaled_dot_product_cudnn_attention"):
         save.add(ops._scaled_dot_product_cudnn_attention.default)
     if hasattr(ops, "_scaled_mm"):  # FP8 GEMMs (model/fp8.py) are matmuls too
@@ -30,6 +36,7 @@ def _selective_policy():
 
     def policy(ctx, op, *args, **kwargs):
         return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+
     return policy
 
 
@@ -40,10 +47,12 @@ def apply_activation_checkpoint(model: nn.Module, mode: str) -> None:
     if mode == "none":
         return
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
     # LoRA's adapter dropout must draw the same mask when a block is recomputed.
     kwargs: dict = {"preserve_rng_state": True}
     if mode == "selective":
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
         kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _selective_policy())
     for name, block in list(model.blocks.items()):
         model.blocks[name] = checkpoint_wrapper(block, **kwargs)

@@ -78,6 +78,7 @@ class AllGatherCausalAttention(nn.Module):
         # with its flash/efficient kernels on CUDA (a boolean mask tensor would rule flash out).
         if (c, end) not in self._masks:
             from torch.nn.attention.bias import causal_lower_right  # lazy: it imports torch._dynamo (~1.4 s)
+
             self._masks[(c, end)] = causal_lower_right(c, end)
         return self._masks[(c, end)]
 
@@ -95,8 +96,7 @@ class AllGatherCausalAttention(nn.Module):
         """Local attention output [batch, heads, seq/cp, head_dim], rows in this rank's zigzag order."""
         b, h, s_local, hd = q.shape
         if s_local % 2 or s_local * self.cp > self.seq_len:
-            raise ValueError(f"local sequence {s_local} x cp={self.cp} must be even and at most "
-                             f"seq_len={self.seq_len}")
+            raise ValueError(f"local sequence {s_local} x cp={self.cp} must be even and at most seq_len={self.seq_len}")
         c, cp = s_local // 2, self.cp
         kv = _all_gather_autograd(torch.stack([k, v]).contiguous(), 0, self.group)  # [cp*2, b, h, s_local, hd]
         kv = kv.view(cp, 2, b, h, 2, c, hd)  # [rank, k|v, b, h, half, c, hd]
@@ -107,8 +107,11 @@ class AllGatherCausalAttention(nn.Module):
         outs = []
         for i, chunk in enumerate(self.chunks):
             end = (chunk + 1) * c  # keys after this chunk are masked anyway: leave them out of the GEMMs
-            outs.append(F.scaled_dot_product_attention(q[:, :, i * c:(i + 1) * c], k_all[:, :, :end],
-                                                       v_all[:, :, :end], attn_mask=self._mask(c, end)))
+            outs.append(
+                F.scaled_dot_product_attention(
+                    q[:, :, i * c : (i + 1) * c], k_all[:, :, :end], v_all[:, :, :end], attn_mask=self._mask(c, end)
+                )
+            )
         return torch.cat(outs, dim=2)
 
 

@@ -11,22 +11,24 @@ import torch
 from torch import nn
 
 
-def apply_fsdp(model: nn.Module, dp_mesh, param_dtype: torch.dtype | None, reshard_after_forward: bool = True
-               ) -> None:
+def apply_fsdp(model: nn.Module, dp_mesh, param_dtype: torch.dtype | None, reshard_after_forward: bool = True) -> None:
     """fully_shard every block and then `model` over `dp_mesh` (1-D: FSDP; 2-D (replicate, shard): HSDP)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     blocks = list(model.blocks.values())
     for i, block in enumerate(blocks):
         # The last block's parameters are needed again first in backward: keeping them saves one all-gather.
-        fully_shard(block, mesh=dp_mesh, mp_policy=mp,
-                    reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
+        fully_shard(
+            block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward and i < len(blocks) - 1
+        )
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
 
 
 def apply_ddp(model: nn.Module, dp_mesh) -> None:
     """Composable DDP (gradient all-reduce bucketed and overlapped with backward) over the 1-D `dp_mesh`."""
     from torch.distributed._composable.replicate import replicate
+
     replicate(model, device_mesh=dp_mesh, bucket_cap_mb=100)
 
 

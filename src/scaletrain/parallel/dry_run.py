@@ -21,8 +21,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
 from scaletrain.config import Config
 from scaletrain.parallel.layout import Layout, LayoutError
 
@@ -39,7 +37,7 @@ class RankReport:
     rank: int
     coords: dict
     stages: list
-    shards: list          # (name, global shape, local shape) per parameter
+    shards: list  # (name, global shape, local shape) per parameter
     local_params: int
     memory_gib: dict
 
@@ -47,6 +45,7 @@ class RankReport:
 def _fake_world(world_size: int, rank: int) -> None:
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
+
     if dist.is_initialized():
         dist.destroy_process_group()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
@@ -54,7 +53,9 @@ def _fake_world(world_size: int, rank: int) -> None:
 
 def _examine(cfg: Config, layout: Layout, rank: int) -> tuple[list, list, dict, int]:
     import torch.distributed as dist
+
     from scaletrain.parallel.parallelize import build_meta_parts, parallelize_part
+
     _fake_world(layout.world_size, rank)
     try:
         mesh = layout.build_mesh("cpu")
@@ -89,15 +90,16 @@ def _tp_local_numel(p) -> int:
     return n
 
 
-def estimate_memory(cfg: Config, layout: Layout, local_params: int, biggest_unit: int, stages: list,
-                    last_stage: bool) -> dict:
+def estimate_memory(
+    cfg: Config, layout: Layout, local_params: int, biggest_unit: int, stages: list, last_stage: bool
+) -> dict:
     """Bytes-based estimate (GiB) of one rank's memory; see the module docstring for every term."""
     m, t = cfg.model, cfg.train
     tp, pp, v = layout.tp, layout.pp, layout.pp_virtual
     s = m.seq_len // layout.cp
     b, h = t.micro_batch_size, m.d_model
     compute_bytes = 2 if t.dtype == "bf16" else 4
-    gib = 2.0 ** 30
+    gib = 2.0**30
     states = local_params * 16
     fsdp = 0
     if layout.data_parallel_kind in ("fsdp", "hsdp"):
@@ -144,7 +146,7 @@ def dry_run(cfg: Config, world_size: int, device: str = "h100") -> dict:
     if device not in DEVICE_MEMORY_GB:
         raise LayoutError(f"--gpu {device!r}: must be one of {sorted(DEVICE_MEMORY_GB)}")
     layout = Layout.from_config(cfg, world_size)
-    capacity_gib = DEVICE_MEMORY_GB[device] * 1e9 / 2 ** 30
+    capacity_gib = DEVICE_MEMORY_GB[device] * 1e9 / 2**30
     # Ranks with the most to hold: pipeline rank 0 (embedding, most in-flight micro-batches) and the last one
     # (output layer and logits). Mesh order is (pp, dp_replicate, dp_shard, cp, tp): pp rank r starts at r*stride.
     stride = world_size // layout.pp
@@ -157,13 +159,25 @@ def dry_run(cfg: Config, world_size: int, device: str = "h100") -> dict:
         reports.append(RankReport(rank, coords, ids, shards, local, mem))
     worst = max(r.memory_gib["total"] for r in reports)
     result = {
-        "layout": layout.describe(), "world_size": world_size, "degrees": layout.degrees,
-        "data_parallel": layout.data_parallel_kind, "device": device, "device_memory_gib": capacity_gib,
-        "ranks": [{"rank": r.rank, "coords": r.coords, "stages": r.stages, "local_params": r.local_params,
-                   "memory_gib": r.memory_gib,
-                   "shards": [{"name": n, "global": list(g), "local": list(l)} for n, g, l in r.shards]}
-                  for r in reports],
-        "max_memory_gib": worst, "fits": worst <= capacity_gib,
+        "layout": layout.describe(),
+        "world_size": world_size,
+        "degrees": layout.degrees,
+        "data_parallel": layout.data_parallel_kind,
+        "device": device,
+        "device_memory_gib": capacity_gib,
+        "ranks": [
+            {
+                "rank": r.rank,
+                "coords": r.coords,
+                "stages": r.stages,
+                "local_params": r.local_params,
+                "memory_gib": r.memory_gib,
+                "shards": [{"name": n, "global": list(g), "local": list(loc)} for n, g, loc in r.shards],
+            }
+            for r in reports
+        ],
+        "max_memory_gib": worst,
+        "fits": worst <= capacity_gib,
     }
     return result
 
@@ -173,9 +187,17 @@ def check_fits(result: dict) -> None:
     if result["fits"]:
         return
     worst = max(result["ranks"], key=lambda r: r["memory_gib"]["total"])
-    terms = sorted(((k, v) for k, v in worst["memory_gib"].items()
-                    if k not in ("total", "in_flight_microbatches", "layers_on_rank")), key=lambda kv: -kv[1])
+    terms = sorted(
+        (
+            (k, v)
+            for k, v in worst["memory_gib"].items()
+            if k not in ("total", "in_flight_microbatches", "layers_on_rank")
+        ),
+        key=lambda kv: -kv[1],
+    )
     top = ", ".join(f"{k} {v:.1f}" for k, v in terms[:3])
-    raise LayoutError(f"layout {result['layout']} needs ~{worst['memory_gib']['total']:.1f} GiB on rank "
-                      f"{worst['rank']} but a {result['device']} has {result['device_memory_gib']:.1f} GiB "
-                      f"(largest: {top} GiB); raise tp/pp/dp_shard or use activation checkpointing")
+    raise LayoutError(
+        f"layout {result['layout']} needs ~{worst['memory_gib']['total']:.1f} GiB on rank "
+        f"{worst['rank']} but a {result['device']} has {result['device_memory_gib']:.1f} GiB "
+        f"(largest: {top} GiB); raise tp/pp/dp_shard or use activation checkpointing"
+    )

@@ -39,7 +39,7 @@ class Layout:
     sequence_parallel: bool = True
 
     @classmethod
-    def from_config(cls, cfg: Config, world_size: int) -> "Layout":
+    def from_config(cls, cfg: Config, world_size: int) -> Layout:
         """Resolve cfg.parallel for `world_size` ranks (dp_shard=-1 takes what is left); raises LayoutError."""
         p = cfg.parallel
         if world_size < 1:
@@ -50,11 +50,20 @@ class Layout:
             if others < 1 or world_size % others:
                 raise LayoutError(
                     f"parallel degrees dp_replicate={p.dp_replicate} x tp={p.tp} x pp={p.pp} x cp={p.cp} = {others} "
-                    f"do not divide the world size {world_size}")
+                    f"do not divide the world size {world_size}"
+                )
             dp_shard = world_size // others
-        layout = cls(world_size=world_size, dp_replicate=p.dp_replicate, dp_shard=dp_shard, tp=p.tp, pp=p.pp,
-                     pp_virtual=p.pp_virtual, cp=p.cp, pp_schedule=p.pp_schedule,
-                     sequence_parallel=p.sequence_parallel)
+        layout = cls(
+            world_size=world_size,
+            dp_replicate=p.dp_replicate,
+            dp_shard=dp_shard,
+            tp=p.tp,
+            pp=p.pp,
+            pp_virtual=p.pp_virtual,
+            cp=p.cp,
+            pp_schedule=p.pp_schedule,
+            sequence_parallel=p.sequence_parallel,
+        )
         layout.validate(cfg)
         return layout
 
@@ -81,7 +90,7 @@ class Layout:
 
     @property
     def data_parallel_kind(self) -> str:
-        """"none", "ddp", "fsdp" or "hsdp": how replicas and shards of the weights are kept in step."""
+        """ "none", "ddp", "fsdp" or "hsdp": how replicas and shards of the weights are kept in step."""
         if self.dp_shard * self.cp > 1:
             return "hsdp" if self.dp_replicate > 1 else "fsdp"
         if self.dp_replicate > 1:
@@ -96,7 +105,9 @@ class Layout:
             if deg > 1:
                 extra = ""
                 if name == "pp":
-                    extra = f"(v{self.pp_virtual},{self.pp_schedule})" if self.pp_virtual > 1 else f"({self.pp_schedule})"
+                    extra = (
+                        f"(v{self.pp_virtual},{self.pp_schedule})" if self.pp_virtual > 1 else f"({self.pp_schedule})"
+                    )
                 if name == "tp" and self.sequence_parallel:
                     extra = "(sp)"
                 parts.append(f"{name}{deg}{extra}")
@@ -111,8 +122,10 @@ class Layout:
         for deg in self.degrees.values():
             product *= deg
         if product != self.world_size:
-            out.append(" x ".join(f"{k}={v}" for k, v in self.degrees.items())
-                       + f" = {product}, but the world size is {self.world_size}")
+            out.append(
+                " x ".join(f"{k}={v}" for k, v in self.degrees.items())
+                + f" = {product}, but the world size is {self.world_size}"
+            )
         if m.n_heads % self.tp:
             out.append(f"parallel.tp={self.tp} does not divide model.n_heads={m.n_heads}")
         if m.arch == "llama" and m.kv_heads % self.tp:
@@ -121,15 +134,21 @@ class Layout:
         if m.ffn_size % self.tp:
             out.append(f"parallel.tp={self.tp} does not divide the MLP width {m.ffn_size}")
         if m.padded_vocab % self.tp:
-            out.append(f"parallel.tp={self.tp} does not divide the padded vocabulary {m.padded_vocab} "
-                       f"(raise model.vocab_multiple to a multiple of {self.tp})")
+            out.append(
+                f"parallel.tp={self.tp} does not divide the padded vocabulary {m.padded_vocab} "
+                f"(raise model.vocab_multiple to a multiple of {self.tp})"
+            )
         if self.cp > 1 and m.seq_len % (2 * self.cp):
-            out.append(f"model.seq_len={m.seq_len} does not split into 2*cp={2 * self.cp} equal chunks "
-                       f"(context parallel balances causal work with two chunks per rank)")
+            out.append(
+                f"model.seq_len={m.seq_len} does not split into 2*cp={2 * self.cp} equal chunks "
+                f"(context parallel balances causal work with two chunks per rank)"
+            )
         local_seq = m.seq_len // self.cp
         if self.tp > 1 and self.sequence_parallel and local_seq % self.tp:
-            out.append(f"sequence parallel: the per-rank sequence {local_seq} (seq_len/cp) is not a multiple of "
-                       f"parallel.tp={self.tp}")
+            out.append(
+                f"sequence parallel: the per-rank sequence {local_seq} (seq_len/cp) is not a multiple of "
+                f"parallel.tp={self.tp}"
+            )
         if self.pp_schedule == "interleaved_1f1b":
             if self.pp_virtual < 2:
                 out.append("parallel.pp_schedule='interleaved_1f1b' needs parallel.pp_virtual >= 2")
@@ -143,18 +162,22 @@ class Layout:
         if gbs % self.dp:
             out.append(f"train.global_batch_size={gbs} is not a multiple of the data-parallel size {self.dp}")
         elif (gbs // self.dp) % mbs:
-            out.append(f"train.micro_batch_size={mbs} does not divide the per-rank batch {gbs // self.dp} "
-                       f"(global_batch_size / data-parallel size {self.dp})")
+            out.append(
+                f"train.micro_batch_size={mbs} does not divide the per-rank batch {gbs // self.dp} "
+                f"(global_batch_size / data-parallel size {self.dp})"
+            )
         elif self.pp > 1:
             n_micro = gbs // self.dp // mbs
             if n_micro < self.pp:
-                out.append(f"pipeline: {n_micro} micro-batches per step (global_batch_size / dp / micro_batch_size)"
-                           f" leave stages idle; need at least pp={self.pp}")
+                out.append(
+                    f"pipeline: {n_micro} micro-batches per step (global_batch_size / dp / micro_batch_size)"
+                    f" leave stages idle; need at least pp={self.pp}"
+                )
             elif self.pp_schedule == "interleaved_1f1b" and n_micro % self.pp:
                 out.append(f"interleaved 1F1B: {n_micro} micro-batches per step must be a multiple of pp={self.pp}")
         return out
 
-    def validate(self, cfg: Config) -> "Layout":
+    def validate(self, cfg: Config) -> Layout:
         """Raise LayoutError listing every problem (one per line); return self when there is none."""
         problems = self.problems(cfg)
         if problems:
@@ -163,12 +186,13 @@ class Layout:
         return self
 
     # ------------------------------------------------------------------ mesh
-    def build_mesh(self, device_type: str) -> "ParallelMesh":
+    def build_mesh(self, device_type: str) -> ParallelMesh:
         """The 5-D DeviceMesh (size-1 dims included) with its flattened "dp", "dp_shard_cp" and "dp_cp" views.
 
         Needs an initialised default process group of world_size ranks.
         """
         from torch.distributed.device_mesh import init_device_mesh
+
         root = init_device_mesh(device_type, tuple(self.degrees.values()), mesh_dim_names=MESH_DIMS)
         flat = {
             "dp": root[("dp_replicate", "dp_shard")]._flatten(mesh_dim_name="dp"),
@@ -196,6 +220,7 @@ class ParallelMesh:
             if self.root["cp"].size() == 1:
                 return self.root[("dp_replicate", "dp_shard")]
             import warnings
+
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
                 return self.root[("dp_replicate", "dp_shard_cp")]

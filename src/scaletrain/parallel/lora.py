@@ -25,6 +25,7 @@ def shard_lora(model: nn.Module, tp_mesh) -> None:
     the LayerNorms, for one) create new Parameters with requires_grad=True.
     """
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
     freeze_base(model)
     if tp_mesh.size() == 1:
         return
@@ -34,5 +35,6 @@ def shard_lora(model: nn.Module, tp_mesh) -> None:
         a_place, b_place = (Replicate(), Shard(0)) if module.kind == "col" else (Shard(1), Replicate())
         for name, place in (("lora_a", a_place), ("lora_b", b_place)):
             p = getattr(module, name)
-            setattr(module, name, nn.Parameter(distribute_tensor(p.data, tp_mesh, [place]),
-                                               requires_grad=p.requires_grad))
+            setattr(
+                module, name, nn.Parameter(distribute_tensor(p.data, tp_mesh, [place]), requires_grad=p.requires_grad)
+            )

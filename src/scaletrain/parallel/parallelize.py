@@ -71,18 +71,22 @@ def parallelize_part(part: nn.Module, cfg: Config, layout: Layout, mesh) -> None
     if cfg.lora.rank > 0:
         # A structure change, so first (torchtitan's order); freezes every non-adapter parameter.
         from scaletrain.model.lora import apply_lora
+
         apply_lora(part, cfg.lora)
     if mesh is not None and layout.tp > 1:
         apply_tensor_parallel(part, mesh["tp"], layout.sequence_parallel)
         if cfg.lora.rank > 0:
             from scaletrain.parallel.lora import shard_lora
+
             shard_lora(part, mesh["tp"])
     if mesh is not None and layout.cp > 1:
         from scaletrain.parallel.context_parallel import apply_context_parallel
+
         apply_context_parallel(part, mesh["cp"])
     if cfg.train.fp8:
         # A module-class swap on the plain (or LoRA) linears: before AC/compile/FSDP wrap them, like LoRA.
         from scaletrain.model.fp8 import Float8Recipe, convert_to_float8
+
         convert_to_float8(part, Float8Recipe(scaling=cfg.train.fp8_recipe))
     apply_activation_checkpoint(part, cfg.parallel.activation_checkpoint)
     if cfg.train.compile:
@@ -99,8 +103,9 @@ def parallelize_part(part: nn.Module, cfg: Config, layout: Layout, mesh) -> None
     apply_fsdp(part, dp_mesh, param_dtype, cfg.parallel.fsdp_reshard_after_forward)
 
 
-def parallelize(cfg: Config, layout: Layout, mesh, device: torch.device, seed: int, loss_fn=None
-                ) -> tuple[ParallelModel, object | None]:
+def parallelize(
+    cfg: Config, layout: Layout, mesh, device: torch.device, seed: int, loss_fn=None
+) -> tuple[ParallelModel, object | None]:
     """This rank's materialised, initialised model parts and, with pipeline parallelism, the schedule.
 
     `mesh` is None for a single process. `loss_fn(output, labels)` is what the last pipeline stage calls.
@@ -113,9 +118,13 @@ def parallelize(cfg: Config, layout: Layout, mesh, device: torch.device, seed: i
         part.tie_weights()
         with torch.no_grad():
             part.init_weights(seed)
-    pm = ParallelModel(parts=parts, stage_ids=ids,
-                       uses_fsdp_mixed_precision=(mesh is not None and layout.data_parallel_kind in ("fsdp", "hsdp")
-                                                  and cfg.train.dtype == "bf16"))
+    pm = ParallelModel(
+        parts=parts,
+        stage_ids=ids,
+        uses_fsdp_mixed_precision=(
+            mesh is not None and layout.data_parallel_kind in ("fsdp", "hsdp") and cfg.train.dtype == "bf16"
+        ),
+    )
     schedule = None
     if layout.pp > 1:
         group = mesh["pp"].get_group()

@@ -53,6 +53,7 @@ def cut_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
 def build_schedule(stages: list, schedule: str, n_microbatches: int, loss_fn):
     """The torch.distributed.pipelining schedule over this rank's `stages` (PipelineStage objects)."""
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
     # scale_grads=False: loss_fn already divides by the global label count, as the non-pipelined path does.
     if schedule == "interleaved_1f1b":
         return ScheduleInterleaved1F1B(stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)
@@ -65,6 +66,7 @@ def build_schedule(stages: list, schedule: str, n_microbatches: int, loss_fn):
 def make_stage(stage_model: nn.Module, stage: int, num_stages: int, device: torch.device, pp_group):
     """Wrap a (parallelized, materialised) stage module as a PipelineStage; shapes are inferred at first step."""
     from torch.distributed.pipelining import PipelineStage
+
     return PipelineStage(stage_model, stage, num_stages, device, group=pp_group)
 
 
@@ -78,7 +80,7 @@ class TiedEmbeddingSync:
 
     def __init__(self, mesh, parts: list[nn.Module], pp: int):
         self.param = None  # this rank's copy of the tied matrix (embedding or head)
-        self.copy = None   # the head's copy, which must not count twice in the gradient norm
+        self.copy = None  # the head's copy, which must not count twice in the gradient norm
         self.group = None
         # An untied model (Llama) has nothing to share; every rank builds the same model, so all skip alike.
         if pp == 1 or not getattr(parts[0], "tied_embeddings", True):

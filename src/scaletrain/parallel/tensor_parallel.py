@@ -26,9 +26,15 @@ class ReplicateParallel:
                 from torch.distributed.tensor import DTensor, Replicate, distribute_module
 
                 def input_fn(mod, inputs, mesh):
-                    return tuple(DTensor.from_local(t, mesh, (Replicate(),), run_check=False)
-                                 if not isinstance(t, DTensor) else t for t in inputs)
+                    return tuple(
+                        DTensor.from_local(t, mesh, (Replicate(),), run_check=False)
+                        if not isinstance(t, DTensor)
+                        else t
+                        for t in inputs
+                    )
+
                 return distribute_module(module, device_mesh, input_fn=input_fn)
+
         return _Style()
 
 
@@ -43,21 +49,28 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = T
     token ids replicated, hidden states between pipeline stages as each rank's local sequence shard (SP) or whole.
     """
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
-                                                   RowwiseParallel, SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
     if tp_mesh.size() == 1:
         return
     tied = getattr(model, "head_is_tied", False)
     residual = Shard(1) if sequence_parallel else Replicate()
     plan: dict[str, object] = {}
     if model.embed is not None:
-        plan["embed.tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=residual,
-                                            use_local_output=False)
+        plan["embed.tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=residual, use_local_output=False)
         if getattr(model.embed, "pos", None) is not None:  # GPT's learned positions; Llama's are rotary
             plan["embed.pos"] = ReplicateParallel()
         # The sum is already laid out along the residual stream; hand later modules plain local tensors.
-        plan["embed"] = PrepareModuleOutput(output_layouts=residual, desired_output_layouts=residual,
-                                            use_local_output=True)
+        plan["embed"] = PrepareModuleOutput(
+            output_layouts=residual, desired_output_layouts=residual, use_local_output=True
+        )
     if model.head is not None:
         plan["ln_f"] = SequenceParallel() if sequence_parallel else ReplicateParallel()
         plan["head"] = ColwiseParallel(input_layouts=residual, output_layouts=Shard(-1), use_local_output=False)

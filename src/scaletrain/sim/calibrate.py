@@ -25,8 +25,14 @@ from scaletrain.sim.workload import ClusterLayout, load_workload
 
 WORKLOAD_OF = {"gpt3": "gpt3", "llama2_70b_lora": "llama2_70b_lora"}
 SHARED = ("tp_exposed", "dp_overlap", "overlap_slowdown", "step_overhead_s", "eval_eff")
-BOUNDS = {"gemm_eff": (0.4, 1.2), "tp_exposed": (0.0, 1.0), "dp_overlap": (0.2, 1.0),
-          "overlap_slowdown": (0.0, 0.6), "step_overhead_s": (0.0, 0.5), "eval_eff": (0.3, 1.2)}
+BOUNDS = {
+    "gemm_eff": (0.4, 1.2),
+    "tp_exposed": (0.0, 1.0),
+    "dp_overlap": (0.2, 1.0),
+    "overlap_slowdown": (0.0, 0.6),
+    "step_overhead_s": (0.0, 0.5),
+    "eval_eff": (0.3, 1.2),
+}
 PRIOR_WEIGHT = 1e-3
 
 
@@ -35,9 +41,14 @@ def row_system(row: PublishedResult) -> tuple[str, str]:
     text = f"{row.submitter} {row.system}".lower()
     icon = row.interconnect.lower()
     azure = "azure" in text or re.search(r"\bnd[_ -]?(h100|h200|gb200)", text) is not None
-    node = {"h100": "nd-h100-v5" if azure else "hgx-h100", "h200": "nd-h200-v5" if azure else "hgx-h200",
-            "gb200": "nd-gb200-v6" if azure else "gb200-nvl72", "b200": "dgx-b200", "a100": "dgx-a100",
-            "gb300": "gb300-nvl72"}[row.gpu]
+    node = {
+        "h100": "nd-h100-v5" if azure else "hgx-h100",
+        "h200": "nd-h200-v5" if azure else "hgx-h200",
+        "gb200": "nd-gb200-v6" if azure else "gb200-nvl72",
+        "b200": "dgx-b200",
+        "a100": "dgx-a100",
+        "gb300": "gb300-nvl72",
+    }[row.gpu]
     if "roce" in icon or "ethernet" in icon or "spectrum" in icon:
         fabric = "roce"
     elif "xdr" in icon or "800" in icon:
@@ -55,8 +66,18 @@ def row_layout(row: PublishedResult) -> ClusterLayout:
     FP8 rows are NVIDIA's MLPerf recipes, which reduce gradients in bf16 (docs/perf-model.md: "a distributed optimizer
     with bf16 gradient reduction").
     """
-    return ClusterLayout(gpus=row.gpus, tp=row.tp, pp=row.pp, vp=row.vp, cp=row.cp, mbs=row.mbs, gbs=row.gbs,
-                  sp=row.tp > 1, fp8=row.fp8, bf16_grads=row.fp8)
+    return ClusterLayout(
+        gpus=row.gpus,
+        tp=row.tp,
+        pp=row.pp,
+        vp=row.vp,
+        cp=row.cp,
+        mbs=row.mbs,
+        gbs=row.gbs,
+        sp=row.tp > 1,
+        fp8=row.fp8,
+        bf16_grads=row.fp8,
+    )
 
 
 def set_name(row: PublishedResult) -> str:
@@ -67,6 +88,7 @@ def set_name(row: PublishedResult) -> str:
 @dataclass
 class RowScore:
     """Predicted vs published for one row."""
+
     row: PublishedResult
     predicted_min: float | None
     """Time-to-train from the RCP convergence (what `predict` says before any run)."""
@@ -117,7 +139,9 @@ class _Row:
         return [self.minutes(eff, c, event, st) for c in self.runs]
 
 
-def prepare(rows: list[PublishedResult], cat: Catalog | None = None) -> tuple[list[_Row], list[tuple[PublishedResult, str]]]:
+def prepare(
+    rows: list[PublishedResult], cat: Catalog | None = None
+) -> tuple[list[_Row], list[tuple[PublishedResult, str]]]:
     """Rows ready to fit or score, and (row, reason) for rows the simulator cannot take."""
     cat = cat or load_catalog()
     ready, bad = [], []
@@ -163,7 +187,9 @@ def _golden(fn, lo: float, hi: float, x0: float, iters: int = 24) -> float:
     return best if fn(best) <= fn(x0) else x0
 
 
-def fit(rows: list[_Row], prior: Efficiency | None = None, sweeps: int = 4, refreshes: int = 3) -> dict[str, Efficiency]:
+def fit(
+    rows: list[_Row], prior: Efficiency | None = None, sweeps: int = 4, refreshes: int = 3
+) -> dict[str, Efficiency]:
     """Fitted Efficiency per set name ("v4.1/hopper", ...) for the prepared rows."""
     prior = prior or Efficiency()
     effs = {r.set: prior for r in rows}
@@ -175,17 +201,21 @@ def fit(rows: list[_Row], prior: Efficiency | None = None, sweeps: int = 4, refr
             r.ratio = r.step(e, True).step_time_s / r.step(e, False).step_time_s
         for _ in range(sweeps):
             for name in SHARED:
-                def f_shared(x, name=name):
+
+                def f_shared(x, name=name, effs=effs):
                     trial = {k: replace(e, **{name: x}) for k, e in effs.items()}
                     return _objective(rows, trial, prior)
+
                 x = _golden(f_shared, *BOUNDS[name], getattr(next(iter(effs.values())), name))
                 effs = {k: replace(e, **{name: x}) for k, e in effs.items()}
             for key in sorted(effs):
                 subset = [r for r in rows if r.set == key]
-                def f_set(x, key=key):
+
+                def f_set(x, key=key, effs=effs, subset=subset):
                     trial = dict(effs)
                     trial[key] = replace(effs[key], gemm_eff=x)
                     return _objective(subset, trial, prior)
+
                 effs[key] = replace(effs[key], gemm_eff=_golden(f_set, *BOUNDS["gemm_eff"], effs[key].gemm_eff))
     return effs
 
@@ -202,8 +232,18 @@ def score_rows(rows: list[_Row], effs_for) -> list[RowScore]:
             perf_pred = mlperf.olympic_mean([r.minutes(eff, c, True, st) for c in r.runs])
             perf_pub = r.row.olympic_minutes
             perf_err = perf_pred / perf_pub - 1
-        out.append(RowScore(r.row, pred, r.row.score_minutes, pred / r.row.score_minutes - 1,
-                            perf_pred, perf_pub, perf_err, st.step_time_s))
+        out.append(
+            RowScore(
+                r.row,
+                pred,
+                r.row.score_minutes,
+                pred / r.row.score_minutes - 1,
+                perf_pred,
+                perf_pub,
+                perf_err,
+                st.step_time_s,
+            )
+        )
     return out
 
 
@@ -217,14 +257,20 @@ def summary(scores: list[RowScore], attr: str = "error") -> dict:
 
 def to_json(effs: dict[str, Efficiency], scores: list[RowScore]) -> str:
     """The efficiency.json text: the fitted sets plus the fit's own error summary."""
-    doc = {"sets": {k: e.to_dict() for k, e in sorted(effs.items())},
-           "fit": {"objective": "squared log error of run minutes with published convergence",
-                   "rows": [f"{s.row.benchmark} {s.row.round} {s.row.system} {s.row.gpus}" for s in scores],
-                   "perf": summary(scores, "perf_error"), "ttt": summary(scores, "error")}}
+    doc = {
+        "sets": {k: e.to_dict() for k, e in sorted(effs.items())},
+        "fit": {
+            "objective": "squared log error of run minutes with published convergence",
+            "rows": [f"{s.row.benchmark} {s.row.round} {s.row.system} {s.row.gpus}" for s in scores],
+            "perf": summary(scores, "perf_error"),
+            "ttt": summary(scores, "error"),
+        },
+    }
     return json.dumps(doc, indent=2) + "\n"
 
 
 # ---------------------------------------------------------------- measured layer timings (benchmarks/gpu_mfu.py)
+
 
 def _gemm_curve(points: list[dict], dtype: str) -> tuple:
     """[(GFLOP, TFLOP/s), ...] of the measured GEMMs of one dtype, sorted; shapes of equal work merged (median)."""
@@ -239,9 +285,11 @@ def _gemm_curve(points: list[dict], dtype: str) -> tuple:
 
 def _shape(entry: dict):
     from scaletrain.sim.workload import load_workload
+
     w = load_workload(entry["model"], tuple(entry.get("set", ())))
-    return w, ClusterLayout(gpus=1, mbs=int(entry["mbs"]), gbs=int(entry["mbs"]), sp=False, fp8=bool(entry.get("fp8")),
-                     zero=0)
+    return w, ClusterLayout(
+        gpus=1, mbs=int(entry["mbs"]), gbs=int(entry["mbs"]), sp=False, fp8=bool(entry.get("fp8")), zero=0
+    )
 
 
 def fit_layer_timings(doc: dict, cat: Catalog, gpu: str | None = None, base=None) -> dict:
@@ -255,6 +303,7 @@ def fit_layer_timings(doc: dict, cat: Catalog, gpu: str | None = None, base=None
     """
     from scaletrain.sim import compute
     from scaletrain.sim.efficiency import efficiency_for
+
     doc = doc.get("layer_timings", doc)  # the whole gpu_mfu.json works too
     key = gpu or doc.get("gpu")
     if not key:
@@ -273,8 +322,11 @@ def fit_layer_timings(doc: dict, cat: Catalog, gpu: str | None = None, base=None
             over[f"matmul_{dtype}_tflops"] = float(ceil[f"gemm_{dtype}_tflops"])
     if ceil.get("copy_gbps"):
         over["hbm_copy_tbps"] = float(ceil["copy_gbps"]) / 1000
-    attn = [2 * 2 * a["mbs"] * a["seq_len"] ** 2 * a["heads"] * a["head_dim"] * 0.5 / a["fwd_s"]
-            for a in doc.get("attention", []) if a.get("fwd_s")]
+    attn = [
+        2 * 2 * a["mbs"] * a["seq_len"] ** 2 * a["heads"] * a["head_dim"] * 0.5 / a["fwd_s"]
+        for a in doc.get("attention", [])
+        if a.get("fwd_s")
+    ]
     if attn:
         over["attn_tflops"] = sorted(attn)[len(attn) // 2] / 1e12
     g = replace(g0, **over)
@@ -282,43 +334,69 @@ def fit_layer_timings(doc: dict, cat: Catalog, gpu: str | None = None, base=None
     blocks = [(*_shape(b), b["fwd_s"] + b["bwd_s"]) for b in measured_blocks]
 
     def block_err(e):
-        return sum(math.log((lambda t: t.fwd + t.bwd)(compute.layer_times(w, lay, g, e.gemm_eff)) / m) ** 2
-                   for w, lay, m in blocks)
+        return sum(
+            math.log((lambda t: t.fwd + t.bwd)(compute.layer_times(w, lay, g, e.gemm_eff)) / m) ** 2
+            for w, lay, m in blocks
+        )
+
     eff = eff0
     if blocks:
-        eff = replace(eff, gemm_eff=_golden(lambda v: block_err(replace(eff, gemm_eff=v)), 0.05, 3.0, eff.gemm_eff,
-                                            iters=40))
+        eff = replace(
+            eff, gemm_eff=_golden(lambda v: block_err(replace(eff, gemm_eff=v)), 0.05, 3.0, eff.gemm_eff, iters=40)
+        )
     _, node, fabric = cat.system(g0.key)
     cluster = Cluster(g, node, fabric, 1)
     steps = [(*_shape(s), s["step_s"]) for s in doc.get("steps", []) if s.get("step_s")]
 
     def step_err(e):
         return sum(math.log(step_time(w, lay, cluster, e).step_time_s / m) ** 2 for w, lay, m in steps)
+
     if steps:
-        eff = replace(eff, step_overhead_s=_golden(lambda v: step_err(replace(eff, step_overhead_s=v)), 0.0,
-                                                   max(eff0.step_overhead_s, 0.5), eff.step_overhead_s, iters=40))
-    report = {"blocks": [{"model": b["model"], "set": b.get("set", []), "mbs": b["mbs"], "fp8": bool(b.get("fp8")),
-                          "measured_s": m,
-                          "shipped_s": (lambda t: t.fwd + t.bwd)(compute.layer_times(w, lay, g0, eff0.gemm_eff)),
-                          "fitted_s": (lambda t: t.fwd + t.bwd)(compute.layer_times(w, lay, g, eff.gemm_eff))}
-                         for b, (w, lay, m) in zip(measured_blocks, blocks)],
-              "gemm_eff": eff.gemm_eff, "step_overhead_s": eff.step_overhead_s,
-              "rms_log_error_blocks": math.sqrt(block_err(eff) / len(blocks)) if blocks else None,
-              "rms_log_error_steps": math.sqrt(step_err(eff) / len(steps)) if steps else None}
+        eff = replace(
+            eff,
+            step_overhead_s=_golden(
+                lambda v: step_err(replace(eff, step_overhead_s=v)),
+                0.0,
+                max(eff0.step_overhead_s, 0.5),
+                eff.step_overhead_s,
+                iters=40,
+            ),
+        )
+    report = {
+        "blocks": [
+            {
+                "model": b["model"],
+                "set": b.get("set", []),
+                "mbs": b["mbs"],
+                "fp8": bool(b.get("fp8")),
+                "measured_s": m,
+                "shipped_s": (lambda t: t.fwd + t.bwd)(compute.layer_times(w, lay, g0, eff0.gemm_eff)),
+                "fitted_s": (lambda t: t.fwd + t.bwd)(compute.layer_times(w, lay, g, eff.gemm_eff)),
+            }
+            for b, (w, lay, m) in zip(measured_blocks, blocks)
+        ],
+        "gemm_eff": eff.gemm_eff,
+        "step_overhead_s": eff.step_overhead_s,
+        "rms_log_error_blocks": math.sqrt(block_err(eff) / len(blocks)) if blocks else None,
+        "rms_log_error_steps": math.sqrt(step_err(eff) / len(steps)) if steps else None,
+    }
     return {"gpu": g0.key, "catalog": over, "efficiency": eff, "report": report}
 
 
 def apply_gpu_override(cat: Catalog, key: str, fields_: dict) -> Catalog:
     """The catalog with GPU `key`'s fields replaced (what loading catalog_toml's output with --catalog does)."""
-    cat.gpus[key] = replace(cat.gpu(key), **{k: tuple(map(tuple, v)) if k.startswith("gemm_curve") else v
-                                            for k, v in fields_.items()})
+    cat.gpus[key] = replace(
+        cat.gpu(key), **{k: tuple(map(tuple, v)) if k.startswith("gemm_curve") else v for k, v in fields_.items()}
+    )
     return cat
 
 
 def catalog_toml(key: str, fields_: dict, source: str) -> str:
     """A catalog override file ([gpus.<key>] with only the measured fields) for --catalog / $SCALETRAIN_CATALOG."""
-    lines = [f"# Measured on one {key} by benchmarks/gpu_mfu.py ({source}); overrides the shipped entry's fields.",
-             f"[gpus.{key}]"]
+    lines = [
+        f"# Measured on one {key} by benchmarks/gpu_mfu.py ({source}); overrides the shipped entry's fields.",
+        f"[gpus.{key}]",
+    ]
     for name, value in fields_.items():
         if isinstance(value, (tuple, list)):
             value = "[" + ", ".join(f"[{a:.6g}, {b:.6g}]" for a, b in value) + "]"

@@ -28,6 +28,7 @@ class CatalogError(ValueError):
 @dataclass(frozen=True)
 class GPU:
     """One accelerator: dense peaks, measured ceilings, memory."""
+
     key: str
     name: str
     bf16_tflops: float
@@ -50,6 +51,7 @@ class GPU:
 @dataclass(frozen=True)
 class Node:
     """A node: GPUs sharing NICs, and the NVLink domain they sit in."""
+
     key: str
     name: str
     gpu: str
@@ -67,6 +69,7 @@ class Node:
 @dataclass(frozen=True)
 class Fabric:
     """A scale-out network: per-NIC bus bandwidth, latency, switch radix, in-network reduction."""
+
     key: str
     name: str
     link_gbit: float
@@ -88,13 +91,20 @@ class Fabric:
 
 _KINDS = {"gpus": GPU, "nodes": Node, "fabrics": Fabric}
 # A GPU's default node when --node is not given.
-DEFAULT_NODE = {"a100": "dgx-a100", "h100": "hgx-h100", "h200": "hgx-h200", "b200": "dgx-b200",
-                "gb200": "gb200-nvl72", "gb300": "gb300-nvl72"}
+DEFAULT_NODE = {
+    "a100": "dgx-a100",
+    "h100": "hgx-h100",
+    "h200": "hgx-h200",
+    "b200": "dgx-b200",
+    "gb200": "gb200-nvl72",
+    "gb300": "gb300-nvl72",
+}
 
 
 @dataclass
 class Catalog:
     """All known hardware, by key."""
+
     gpus: dict
     nodes: dict
     fabrics: dict
@@ -141,9 +151,13 @@ def _build(kind: str, key: str, table: dict, where: str, base=None):
     unknown = set(table) - names
     missing = required - set(table)
     if unknown or missing:
-        raise CatalogError(f"{where}: [{kind}.{key}] " + "; ".join(
-            ([f"unknown fields {sorted(unknown)}"] if unknown else []) +
-            ([f"missing fields {sorted(missing)}"] if missing else [])))
+        raise CatalogError(
+            f"{where}: [{kind}.{key}] "
+            + "; ".join(
+                ([f"unknown fields {sorted(unknown)}"] if unknown else [])
+                + ([f"missing fields {sorted(missing)}"] if missing else [])
+            )
+        )
     values = {}
     for f in fields(cls):
         if f.name == "key" or f.name not in table:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import sys
 from dataclasses import replace
@@ -25,9 +24,21 @@ def _layout(args) -> ClusterLayout:
     gbs = args.gbs or {"gpt3-175b": 2048, "gpt3": 2048, "llama2_70b_lora": 8, "llama2-70b-lora": 8}.get(args.model, 0)
     if not gbs:
         raise ValueError("--gbs is required for models that are not an MLPerf benchmark")
-    return ClusterLayout(gpus=args.gpus, tp=args.tp, pp=args.pp, vp=args.vp, cp=args.cp, mbs=args.mbs, gbs=gbs,
-                  sp=not args.no_sp, recompute=args.recompute, fp8=args.fp8, zero=args.zero, schedule=args.schedule,
-                  bf16_grads=args.grad_dtype == "bf16" or (args.grad_dtype == "auto" and args.fp8))
+    return ClusterLayout(
+        gpus=args.gpus,
+        tp=args.tp,
+        pp=args.pp,
+        vp=args.vp,
+        cp=args.cp,
+        mbs=args.mbs,
+        gbs=gbs,
+        sp=not args.no_sp,
+        recompute=args.recompute,
+        fp8=args.fp8,
+        zero=args.zero,
+        schedule=args.schedule,
+        bf16_grads=args.grad_dtype == "bf16" or (args.grad_dtype == "auto" and args.fp8),
+    )
 
 
 def _fmt_min(x) -> str:
@@ -38,30 +49,40 @@ def print_prediction(p: Prediction, out=sys.stdout) -> None:
     """Human-readable prediction with its breakdown."""
     lay = p.layout
     print(f"{p.model} on {p.gpus:,} x {p.gpu} ({p.node}, {p.fabric}), calibration {p.calibration}", file=out)
-    print(f"  layout TP{lay['tp']} PP{lay['pp']} VP{lay['vp']} CP{lay['cp']} DP{lay['dp']} mbs{lay['mbs']} "
-          f"GBS{lay['gbs']} ({lay['microbatches']} micro-batches, {lay['schedule']}), "
-          f"{'fp8' if lay['fp8'] else 'bf16'}, recompute {lay['recompute']}, zero {lay['zero']}", file=out)
+    print(
+        f"  layout TP{lay['tp']} PP{lay['pp']} VP{lay['vp']} CP{lay['cp']} DP{lay['dp']} mbs{lay['mbs']} "
+        f"GBS{lay['gbs']} ({lay['microbatches']} micro-batches, {lay['schedule']}), "
+        f"{'fp8' if lay['fp8'] else 'bf16'}, recompute {lay['recompute']}, zero {lay['zero']}",
+        file=out,
+    )
     if not p.feasible:
         print("  NOT FEASIBLE: " + "; ".join(p.reasons), file=out)
         if math.isnan(p.step_time_s):
             return
-    print(f"  step {p.step_time_s:.3f} s | {p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU | "
-          f"{p.model_tflops_per_gpu:,.0f} model TFLOP/s/GPU | MFU {100 * p.mfu:.1f}% "
-          f"(of the dense bf16 peak {p.mfu_peak_tflops:g}) | memory {p.memory_gib_per_gpu:.1f} GiB/GPU", file=out)
+    print(
+        f"  step {p.step_time_s:.3f} s | {p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU | "
+        f"{p.model_tflops_per_gpu:,.0f} model TFLOP/s/GPU | MFU {100 * p.mfu:.1f}% "
+        f"(of the dense bf16 peak {p.mfu_peak_tflops:g}) | memory {p.memory_gib_per_gpu:.1f} GiB/GPU",
+        file=out,
+    )
     parts = " ".join(f"{k} {1000 * v:.0f}ms" for k, v in p.breakdown.items() if v > 0.0005)
     print(f"  step breakdown: {parts}", file=out)
     mem = " ".join(f"{k} {v}" for k, v in p.memory.items() if k not in ("total", "in_flight"))
     print(f"  memory (GiB): {mem}, {p.memory.get('in_flight', 0):g} micro-batches in flight", file=out)
     if p.time_to_train_min is not None:
-        print(f"  time to train {p.time_to_train_min:.2f} min = {p.steps:g} steps x {p.step_time_s:.3f} s "
-              f"+ {p.evals:g} evaluations x {p.eval_time_s:.2f} s", file=out)
+        print(
+            f"  time to train {p.time_to_train_min:.2f} min = {p.steps:g} steps x {p.step_time_s:.3f} s "
+            f"+ {p.evals:g} evaluations x {p.eval_time_s:.2f} s",
+            file=out,
+        )
 
 
 def cmd_predict(args) -> int:
     """Predict step time, throughput, MFU, memory and MLPerf time-to-train for one layout on one cluster."""
     w = load_workload(args.model, tuple(args.set))
-    p = predict(w, _layout(args), args.gpu, args.node, args.fabric, args.calibration,
-                catalog=load_catalog(args.catalog))
+    p = predict(
+        w, _layout(args), args.gpu, args.node, args.fabric, args.calibration, catalog=load_catalog(args.catalog)
+    )
     if args.json:
         print(json.dumps(p.to_dict(), indent=2))
     else:
@@ -72,9 +93,19 @@ def cmd_predict(args) -> int:
 def cmd_plan(args) -> int:
     """Search layouts (TP, PP, VP, CP, DP, micro-batch, GBS, recompute, FP8) under the memory limit; print the best."""
     from scaletrain.sim.plan import plan
+
     w = load_workload(args.model, tuple(args.set))
-    res = plan(w, args.gpu, args.gpus, args.node, args.fabric, args.calibration, top=args.top, gbs=args.gbs,
-               catalog=load_catalog(args.catalog))
+    res = plan(
+        w,
+        args.gpu,
+        args.gpus,
+        args.node,
+        args.fabric,
+        args.calibration,
+        top=args.top,
+        gbs=args.gbs,
+        catalog=load_catalog(args.catalog),
+    )
     if args.json:
         print(json.dumps([p.to_dict() for p in res.best], indent=2))
         return 0 if res.best else 1
@@ -100,6 +131,7 @@ def _results(paths: list[str]):
     if not paths:
         return bundled_results(), []
     from scaletrain.sim.results import ResultsError
+
     rows, errors = [], []
     for path in paths:
         if not Path(path).is_file():
@@ -140,22 +172,39 @@ def cmd_validate(args) -> int:
     summary = {b: {"ttt": cal.summary(v), "perf": cal.summary(v, "perf_error")} for b, v in by_bench.items()}
     summary["all"] = {"ttt": cal.summary(scores), "perf": cal.summary(scores, "perf_error")}
     if args.json:
-        print(json.dumps({"rows": [_score_dict(s) for s in scores], "summary": summary,
-                          "skipped": [{"where": w, "reason": why} for w, why in errors]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "rows": [_score_dict(s) for s in scores],
+                    "summary": summary,
+                    "skipped": [{"where": w, "reason": why} for w, why in errors],
+                },
+                indent=2,
+            )
+        )
         return 0 if scores else 1
-    print(f"{'benchmark':16} {'round':5} {'gpu':5} {'GPUs':>6} {'layout':22} {'step s':>7} {'pred min':>9} "
-          f"{'published':>9} {'error':>7} {'perf err':>8}")
+    print(
+        f"{'benchmark':16} {'round':5} {'gpu':5} {'GPUs':>6} {'layout':22} {'step s':>7} {'pred min':>9} "
+        f"{'published':>9} {'error':>7} {'perf err':>8}"
+    )
     for s in scores:
         r = s.row
         lay = f"TP{r.tp} PP{r.pp} VP{r.vp} CP{r.cp} GBS{r.gbs}"
         perf = "-" if s.perf_error is None else f"{100 * s.perf_error:+.1f}%"
-        print(f"{r.benchmark:16} {r.round:5} {r.gpu:5} {r.gpus:6d} {lay:22} {s.step_time_s:7.3f} "
-              f"{s.predicted_min:9.2f} {s.published_min:9.2f} {100 * s.error:+6.1f}% {perf:>8}")
+        print(
+            f"{r.benchmark:16} {r.round:5} {r.gpu:5} {r.gpus:6d} {lay:22} {s.step_time_s:7.3f} "
+            f"{s.predicted_min:9.2f} {s.published_min:9.2f} {100 * s.error:+6.1f}% {perf:>8}"
+        )
     for b, v in summary.items():
         t, p = v["ttt"], v["perf"]
-        print(f"{b}: {t['rows']} rows, time-to-train MAPE {t['mape_pct']:.2f}% max {t['max_err_pct']:.2f}%"
-              + (f"; with the published convergence MAPE {p['mape_pct']:.2f}% max {p['max_err_pct']:.2f}%"
-                 if p["rows"] else ""))
+        print(
+            f"{b}: {t['rows']} rows, time-to-train MAPE {t['mape_pct']:.2f}% max {t['max_err_pct']:.2f}%"
+            + (
+                f"; with the published convergence MAPE {p['mape_pct']:.2f}% max {p['max_err_pct']:.2f}%"
+                if p["rows"]
+                else ""
+            )
+        )
     for where, why in errors:
         print(f"skipped {where}: {why}")
     return 0 if scores else 1
@@ -163,12 +212,22 @@ def cmd_validate(args) -> int:
 
 def _score_dict(s) -> dict:
     r = s.row
-    return {"benchmark": r.benchmark, "round": r.round, "system": r.system, "gpu": r.gpu, "gpus": r.gpus,
-            "line": r.line, "layout": {"tp": r.tp, "pp": r.pp, "vp": r.vp, "cp": r.cp, "mbs": r.mbs, "gbs": r.gbs,
-                                       "fp8": r.fp8},
-            "step_time_s": s.step_time_s, "predicted_min": s.predicted_min, "published_min": s.published_min,
-            "error": s.error, "perf_predicted_min": s.perf_predicted_min, "perf_published_min": s.perf_published_min,
-            "perf_error": s.perf_error}
+    return {
+        "benchmark": r.benchmark,
+        "round": r.round,
+        "system": r.system,
+        "gpu": r.gpu,
+        "gpus": r.gpus,
+        "line": r.line,
+        "layout": {"tp": r.tp, "pp": r.pp, "vp": r.vp, "cp": r.cp, "mbs": r.mbs, "gbs": r.gbs, "fp8": r.fp8},
+        "step_time_s": s.step_time_s,
+        "predicted_min": s.predicted_min,
+        "published_min": s.published_min,
+        "error": s.error,
+        "perf_predicted_min": s.perf_predicted_min,
+        "perf_published_min": s.perf_published_min,
+        "perf_error": s.perf_error,
+    }
 
 
 def cmd_calibrate(args) -> int:
@@ -192,8 +251,10 @@ def cmd_calibrate(args) -> int:
         scores = cal.score_rows(ready, lambda r: effs[r.set])
         doc = json.loads(cal.to_json(effs, scores))
         s = doc["fit"]
-        print(f"fitted {len(effs)} sets on {len(ready)} rows: time-to-train MAPE {s['ttt']['mape_pct']:.2f}% "
-              f"(max {s['ttt']['max_err_pct']:.2f}%), with published convergence {s['perf']['mape_pct']:.2f}%")
+        print(
+            f"fitted {len(effs)} sets on {len(ready)} rows: time-to-train MAPE {s['ttt']['mape_pct']:.2f}% "
+            f"(max {s['ttt']['max_err_pct']:.2f}%), with published convergence {s['perf']['mape_pct']:.2f}%"
+        )
     text = json.dumps(doc, indent=2) + "\n"
     if args.out:
         Path(args.out).write_text(text)
@@ -207,17 +268,22 @@ def _calibrate_layer_timings(args, cat) -> dict:
     """--layer-timings: measured GEMM curve and ceilings -> catalog override TOML; gemm_eff (and the per-step
     overhead) -> the efficiency set "measured/<generation>"."""
     from scaletrain.sim.efficiency import GENERATION
+
     doc = json.loads(Path(args.layer_timings).read_text())
     key = args.gpu or doc.get("layer_timings", doc).get("gpu")
     base = efficiency_for(args.calibration, cat.gpu(key).key)[1] if key else None
     fit = cal.fit_layer_timings(doc, cat, args.gpu, base)
     rep, eff = fit["report"], fit["efficiency"]
     for b in rep["blocks"]:
-        print(f"block {b['model']} {' '.join(b['set'])} mbs{b['mbs']}{' fp8' if b['fp8'] else ''}: measured "
-              f"{1000 * b['measured_s']:.2f} ms, shipped model {1000 * b['shipped_s']:.2f} ms, "
-              f"fitted {1000 * b['fitted_s']:.2f} ms")
-    print(f"measured/{GENERATION.get(fit['gpu'], fit['gpu'])}: gemm_eff {eff.gemm_eff:.3f}, step_overhead_s "
-          f"{eff.step_overhead_s:.4f}; catalog fields {', '.join(fit['catalog']) or 'none'}")
+        print(
+            f"block {b['model']} {' '.join(b['set'])} mbs{b['mbs']}{' fp8' if b['fp8'] else ''}: measured "
+            f"{1000 * b['measured_s']:.2f} ms, shipped model {1000 * b['shipped_s']:.2f} ms, "
+            f"fitted {1000 * b['fitted_s']:.2f} ms"
+        )
+    print(
+        f"measured/{GENERATION.get(fit['gpu'], fit['gpu'])}: gemm_eff {eff.gemm_eff:.3f}, step_overhead_s "
+        f"{eff.step_overhead_s:.4f}; catalog fields {', '.join(fit['catalog']) or 'none'}"
+    )
     toml = cal.catalog_toml(fit["gpu"], fit["catalog"], Path(args.layer_timings).name)
     cat_out = args.catalog_out or (str(Path(args.out).with_suffix(".toml")) if args.out else None)
     if cat_out:
@@ -235,6 +301,7 @@ def _calibrate_runs(run_dirs: list[str], gpu: str | None, base: str | None, cat)
     from scaletrain.sim.efficiency import GENERATION
     from scaletrain.sim.step import step_time
     from scaletrain.sim.workload import workload_from_config
+
     groups: dict[str, list] = {}
     for d in run_dirs:
         run = Path(d)
@@ -250,50 +317,73 @@ def _calibrate_runs(run_dirs: list[str], gpu: str | None, base: str | None, cat)
         if not key:
             raise ValueError(f"{run}: ran on a device the catalog does not know (CPU?); pass --gpu to name it")
         world = round(records[-1]["model_tflops"] / records[-1]["model_tflops_per_device"])
-        measured = statistics.median(r["step_time_s"] for r in records[len(records) // 3:])  # past warm-up
+        measured = statistics.median(r["step_time_s"] for r in records[len(records) // 3 :])  # past warm-up
         p = cfg.parallel
         dp = world // (p.tp * p.pp * p.cp)
-        layout = ClusterLayout(gpus=world, tp=p.tp, pp=p.pp, vp=p.pp_virtual, cp=p.cp, mbs=cfg.train.micro_batch_size,
-                        gbs=cfg.train.global_batch_size, sp=p.sequence_parallel, recompute=p.activation_checkpoint,
-                        fp8=getattr(cfg.train, "fp8", False), zero=3 if p.dp_shard * dp > 1 else 0,
-                        schedule=p.pp_schedule if p.pp > 1 else "")
+        layout = ClusterLayout(
+            gpus=world,
+            tp=p.tp,
+            pp=p.pp,
+            vp=p.pp_virtual,
+            cp=p.cp,
+            mbs=cfg.train.micro_batch_size,
+            gbs=cfg.train.global_batch_size,
+            sp=p.sequence_parallel,
+            recompute=p.activation_checkpoint,
+            fp8=getattr(cfg.train, "fp8", False),
+            zero=3 if p.dp_shard * dp > 1 else 0,
+            schedule=p.pp_schedule if p.pp > 1 else "",
+        )
         g, n, f = cat.system(key)
         groups.setdefault(GENERATION.get(g.key, g.key), []).append(
-            (workload_from_config(cfg), layout, Cluster(g, n, f, world), measured))
+            (workload_from_config(cfg), layout, Cluster(g, n, f, world), measured)
+        )
     out = {}
     for gen, runs in groups.items():
         _, eff = efficiency_for(base, runs[0][2].gpu.key)
 
-        def err(e):
+        def err(e, runs=runs):
             return sum(math.log(step_time(w, lay, cl, e).step_time_s / m) ** 2 for w, lay, cl, m in runs)
+
         # GEMM efficiency first; the per-step overhead fitted at MLPerf scale (thousands of GPUs) can exceed a
         # small run's whole step, so it is refitted too when the efficiency alone cannot match the measurement.
-        for name, lo, hi in (("gemm_eff", 0.05, 3.0), ("step_overhead_s", 0.0, eff.step_overhead_s),
-                             ("gemm_eff", 0.05, 3.0)):
+        for name, lo, hi in (
+            ("gemm_eff", 0.05, 3.0),
+            ("step_overhead_s", 0.0, eff.step_overhead_s),
+            ("gemm_eff", 0.05, 3.0),
+        ):
             if name == "step_overhead_s" and math.sqrt(err(eff) / len(runs)) < 0.01:
                 continue
-            x = cal._golden(lambda v, n=name: err(replace(eff, **{n: v})), lo, hi, getattr(eff, name), iters=40)
+            x = cal._golden(
+                lambda v, n=name, eff=eff: err(replace(eff, **{n: v})), lo, hi, getattr(eff, name), iters=40
+            )
             eff = replace(eff, **{name: x})
         out[f"measured/{gen}"] = eff.to_dict()
-        print(f"measured/{gen}: gemm_eff {eff.gemm_eff:.3f}, step_overhead_s {eff.step_overhead_s:.4f} from "
-              f"{len(runs)} run(s); RMS log error {math.sqrt(err(eff) / len(runs)):.4f}")
+        print(
+            f"measured/{gen}: gemm_eff {eff.gemm_eff:.3f}, step_overhead_s {eff.step_overhead_s:.4f} from "
+            f"{len(runs)} run(s); RMS log error {math.sqrt(err(eff) / len(runs)):.4f}"
+        )
     return out
 
 
 def cmd_plot(args) -> int:
     """PNG of predicted time-to-train vs GPU count for H100, H200, B200 and GB200, with published points."""
     from scaletrain.sim.plot import plot_scaling
-    out = plot_scaling(args.model, args.out, gpus=args.gpu_list, calibration=args.calibration,
-                       results=args.results)
+
+    out = plot_scaling(args.model, args.out, gpus=args.gpu_list, calibration=args.calibration, results=args.results)
     print(f"wrote {out}")
     return 0
 
 
 def add_parsers(sub) -> None:
     """Attach predict, plan and sim to the `scaletrain` subparsers."""
+
     def common(p, layout: bool):
-        p.add_argument("--model", default="gpt3-175b",
-                       help="preset or benchmark: gpt3-175b (gpt3), llama2-70b-lora (llama2_70b_lora), any preset")
+        p.add_argument(
+            "--model",
+            default="gpt3-175b",
+            help="preset or benchmark: gpt3-175b (gpt3), llama2-70b-lora (llama2_70b_lora), any preset",
+        )
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a model field")
         p.add_argument("--gpu", default="h100", help="a100, h100, h200, b200, gb200, gb300 or a catalog key")
         p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
@@ -309,15 +399,25 @@ def add_parsers(sub) -> None:
             p.add_argument("--fp8", action="store_true", help="FP8 GEMMs")
             p.add_argument("--no-sp", action="store_true", help="no sequence parallelism with TP")
             p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
-            p.add_argument("--zero", type=int, default=1, choices=(0, 1, 3),
-                           help="optimizer sharding: 0 none, 1 distributed optimizer (default), 3 fully sharded")
+            p.add_argument(
+                "--zero",
+                type=int,
+                default=1,
+                choices=(0, 1, 3),
+                help="optimizer sharding: 0 none, 1 distributed optimizer (default), 3 fully sharded",
+            )
             p.add_argument("--schedule", default="", choices=("", "gpipe", "1f1b", "interleaved_1f1b"))
-            p.add_argument("--grad-dtype", default="auto", choices=("auto", "bf16", "fp32"),
-                           help="gradient buffer and reduction dtype; auto = bf16 with --fp8 (the MLPerf FP8 "
-                                "recipes), else fp32 (Megatron's default)")
+            p.add_argument(
+                "--grad-dtype",
+                default="auto",
+                choices=("auto", "bf16", "fp32"),
+                help="gradient buffer and reduction dtype; auto = bf16 with --fp8 (the MLPerf FP8 "
+                "recipes), else fp32 (Megatron's default)",
+            )
 
-    p = sub.add_parser("predict", help="predict step time, memory and time-to-train on a cluster",
-                       description=cmd_predict.__doc__)
+    p = sub.add_parser(
+        "predict", help="predict step time, memory and time-to-train on a cluster", description=cmd_predict.__doc__
+    )
     common(p, True)
     p.set_defaults(func=cmd_predict)
     p = sub.add_parser("plan", help="search parallel layouts for a cluster", description=cmd_plan.__doc__)
@@ -328,8 +428,13 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("sim", help="validate, plot and calibrate the performance model")
     ssub = p.add_subparsers(dest="sim_command", required=True)
     v = ssub.add_parser("validate", help="predicted vs published results", description=cmd_validate.__doc__)
-    v.add_argument("--results", action="append", default=[], metavar="CSV",
-                   help="results CSV in the calibration format (repeatable; default: the shipped calibration rows)")
+    v.add_argument(
+        "--results",
+        action="append",
+        default=[],
+        metavar="CSV",
+        help="results CSV in the calibration format (repeatable; default: the shipped calibration rows)",
+    )
     v.add_argument("--catalog", action="append", default=[], metavar="TOML")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=cmd_validate)
@@ -340,16 +445,22 @@ def add_parsers(sub) -> None:
     c.add_argument("--calibration", help="set whose other scalars runs start from (default newest)")
     c.add_argument("--catalog", action="append", default=[], metavar="TOML")
     c.add_argument("--out", help="write the fitted sets here (JSON; point $SCALETRAIN_EFFICIENCY at it)")
-    c.add_argument("--layer-timings", metavar="JSON",
-                   help="fit one GPU to per-layer timings from benchmarks/gpu_mfu.py (its gpu_mfu.json or "
-                        "*.layer_timings.json): the measured GEMMs become gemm_curve_bf16/gemm_curve_fp8 "
-                        "[[GFLOP, TFLOP/s], ...], with the GEMM, attention and copy ceilings, in a catalog "
-                        "override TOML (--catalog-out); gemm_eff fitted to the measured blocks and the per-step "
-                        "overhead to the measured single-GPU steps go to the efficiency set measured/<generation> "
-                        "(--out). Predict with both: --catalog TOML --calibration measured, "
-                        "SCALETRAIN_EFFICIENCY=JSON")
-    c.add_argument("--catalog-out", metavar="TOML",
-                   help="with --layer-timings: where the catalog override goes (default: --out with .toml)")
+    c.add_argument(
+        "--layer-timings",
+        metavar="JSON",
+        help="fit one GPU to per-layer timings from benchmarks/gpu_mfu.py (its gpu_mfu.json or "
+        "*.layer_timings.json): the measured GEMMs become gemm_curve_bf16/gemm_curve_fp8 "
+        "[[GFLOP, TFLOP/s], ...], with the GEMM, attention and copy ceilings, in a catalog "
+        "override TOML (--catalog-out); gemm_eff fitted to the measured blocks and the per-step "
+        "overhead to the measured single-GPU steps go to the efficiency set measured/<generation> "
+        "(--out). Predict with both: --catalog TOML --calibration measured, "
+        "SCALETRAIN_EFFICIENCY=JSON",
+    )
+    c.add_argument(
+        "--catalog-out",
+        metavar="TOML",
+        help="with --layer-timings: where the catalog override goes (default: --out with .toml)",
+    )
     c.set_defaults(func=cmd_calibrate)
     pl = ssub.add_parser("plot", help="time-to-train vs GPU count PNG", description=cmd_plot.__doc__)
     pl.add_argument("--model", default="gpt3-175b", help="gpt3-175b or llama2-70b-lora")

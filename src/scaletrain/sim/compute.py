@@ -27,6 +27,7 @@ _FP8_CAST_BYTES = 3
 @dataclass(frozen=True)
 class LayerTimes:
     """Seconds for one layer and one micro-batch on one GPU."""
+
     fwd: float
     """Forward (GEMMs + attention + elementwise)."""
     bwd: float
@@ -50,7 +51,7 @@ def gemm_time(gpu: GPU, flops: float, fp8: bool, eff: float) -> float:
 def _interp_curve(curve, gflop: float) -> float:
     pts = sorted(curve)
     if gflop <= pts[0][0]:
-        return pts[0][1] * gflop / pts[0][0]          # below the smallest point: fixed time, rate falls linearly
+        return pts[0][1] * gflop / pts[0][0]  # below the smallest point: fixed time, rate falls linearly
     for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
         if gflop <= x1:
             return y0 + (y1 - y0) * (gflop - x0) / (x1 - x0)
@@ -65,8 +66,12 @@ def layer_gemms(w: Workload, layout: ClusterLayout) -> list[tuple[int, int, int]
     qkv = h + 2 * w.kv_heads * hd
     gemms = [(m, qkv // t, h), (m, h, h // t), (m, f * (2 if w.gated_mlp else 1) // t, h), (m, h, f // t)]
     if w.lora:
-        fans = {"qkv": (h, qkv // t), "proj": (h // t, h), "fc1": (h, f * (2 if w.gated_mlp else 1) // t),
-                "fc2": (f // t, h)}
+        fans = {
+            "qkv": (h, qkv // t),
+            "proj": (h // t, h),
+            "fc1": (h, f * (2 if w.gated_mlp else 1) // t),
+            "fc2": (f // t, h),
+        }
         for target in w.lora_targets:
             fan_in, fan_out = fans[target]
             gemms += [(m, w.lora_rank, fan_in), (m, fan_out, w.lora_rank)]

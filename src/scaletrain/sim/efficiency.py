@@ -15,6 +15,7 @@ from importlib import resources
 @dataclass(frozen=True)
 class Efficiency:
     """Software-release efficiencies; defaults are priors before any fit."""
+
     gemm_eff: float = 0.85
     """Fraction of the measured GEMM/attention ceiling reached inside a training step."""
     tp_exposed: float = 0.5
@@ -33,7 +34,7 @@ class Efficiency:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Efficiency":
+    def from_dict(cls, data: dict) -> Efficiency:
         """From a dict, ignoring unknown keys."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: float(v) for k, v in data.items() if k in names})
@@ -57,8 +58,14 @@ def load_efficiencies() -> dict:
 
 
 # GPU -> architecture generation: software efficiency is fitted per release and generation.
-GENERATION = {"a100": "ampere", "h100": "hopper", "h200": "hopper", "b200": "blackwell", "gb200": "blackwell",
-              "gb300": "blackwell"}
+GENERATION = {
+    "a100": "ampere",
+    "h100": "hopper",
+    "h200": "hopper",
+    "b200": "blackwell",
+    "gb200": "blackwell",
+    "gb300": "blackwell",
+}
 
 
 def releases() -> list[str]:

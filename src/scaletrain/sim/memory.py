@@ -166,8 +166,9 @@ def _rank_memory(w: Workload, layout: ClusterLayout, first: bool, last: bool, in
     return MemoryEstimate(weights, grads, optimizer, act, other, total, in_flight)
 
 
-def memory_per_gpu(w: Workload, layout: ClusterLayout, in_flight: float | None = None,
-                   dropout: bool = False) -> MemoryEstimate:
+def memory_per_gpu(
+    w: Workload, layout: ClusterLayout, in_flight: float | None = None, dropout: bool = False
+) -> MemoryEstimate:
     """Peak memory per GPU on the most loaded pipeline rank (the first or the last stage; one rank when pp = 1).
 
     `in_flight` overrides the first stage's in-flight micro-batches (e.g. with the simulated schedule's value); the
@@ -177,8 +178,10 @@ def memory_per_gpu(w: Workload, layout: ClusterLayout, in_flight: float | None =
     first = in_flight if in_flight is not None else in_flight_microbatches(layout, 0)
     if p == 1:
         return _rank_memory(w, layout, True, True, first, dropout)
-    ranks = (_rank_memory(w, layout, True, False, first, dropout),
-             _rank_memory(w, layout, False, True, in_flight_microbatches(layout, p - 1), dropout))
+    ranks = (
+        _rank_memory(w, layout, True, False, first, dropout),
+        _rank_memory(w, layout, False, True, in_flight_microbatches(layout, p - 1), dropout),
+    )
     return max(ranks, key=lambda e: e.total)
 
 
@@ -192,5 +195,13 @@ def fits(est: MemoryEstimate, hbm_gb: float, reserve_gib: float = 5.0, fragmenta
     return est.total * (1 + fragmentation) <= hbm_gb * GB - reserve_gib * GIB
 
 
-__all__ = ["MemoryEstimate", "memory_per_gpu", "fits", "activation_bytes_per_layer", "in_flight_microbatches",
-           "bytes_per_param", "GIB", "GB"]
+__all__ = [
+    "MemoryEstimate",
+    "memory_per_gpu",
+    "fits",
+    "activation_bytes_per_layer",
+    "in_flight_microbatches",
+    "bytes_per_param",
+    "GIB",
+    "GB",
+]

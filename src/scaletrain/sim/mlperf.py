@@ -102,12 +102,20 @@ def _load_rcp_raw(benchmark: str, version: str, use_package: bool = True) -> tup
     # The copy is CSV (benchmark,record,bs,converge,source) so the package-data glob sim/data/*.csv ships it.
     fallback = resources.files("scaletrain.sim").joinpath("data", f"rcps_{version}.csv")
     if not fallback.is_file():
-        raise ValueError(f"no RCP table for {benchmark} version {version}: mlperf-logging lacks it and "
-                         f"scaletrain ships only {DEFAULT_RCP_VERSION}")
+        raise ValueError(
+            f"no RCP table for {benchmark} version {version}: mlperf-logging lacks it and "
+            f"scaletrain ships only {DEFAULT_RCP_VERSION}"
+        )
     key = bench(benchmark).rcp_key
-    raw = {row["record"]: {"Benchmark": row["benchmark"], "BS": int(row["bs"]),
-                           key: [int(v) for v in row["converge"].split(";")]}
-           for row in csv.DictReader(io.StringIO(fallback.read_text("utf-8"))) if row["benchmark"] == benchmark}
+    raw = {
+        row["record"]: {
+            "Benchmark": row["benchmark"],
+            "BS": int(row["bs"]),
+            key: [int(v) for v in row["converge"].split(";")],
+        }
+        for row in csv.DictReader(io.StringIO(fallback.read_text("utf-8")))
+        if row["benchmark"] == benchmark
+    }
     return raw, f"scaletrain/sim/data/{fallback.name}"
 
 
@@ -116,7 +124,7 @@ def rcp_records(benchmark: str, version: str = DEFAULT_RCP_VERSION) -> dict[int,
     return dict(_rcp_records(bench(benchmark).name, version))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _rcp_records(benchmark: str, version: str) -> tuple[tuple[int, tuple[int, ...]], ...]:
     b = bench(benchmark)
     raw, _ = _load_rcp_raw(benchmark, version)
@@ -144,7 +152,7 @@ def _interp(x: float, x0: float, y0: float, x1: float, y1: float) -> float:
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _rcp_means(benchmark: str, version: str, pruned: bool) -> tuple[tuple[int, float], ...]:
     means = [(bs, olympic_mean(v)) for bs, v in _rcp_records(benchmark, version)]
     if not pruned:
@@ -181,8 +189,10 @@ def rcp_mean(benchmark: str, gbs: int, version: str = DEFAULT_RCP_VERSION, prune
             return m1
         if b0 < gbs < b1:
             return _interp(gbs, b0, m0, b1, m1)
-    raise ValueError(f"{benchmark} gbs {gbs} is above the largest RCP batch size {pts[-1][0]} "
-                     f"(version {version}); no reference convergence to extrapolate from")
+    raise ValueError(
+        f"{benchmark} gbs {gbs} is above the largest RCP batch size {pts[-1][0]} "
+        f"(version {version}); no reference convergence to extrapolate from"
+    )
 
 
 def rcp_score_factor(benchmark: str, gbs: int, run_converge, version: str = DEFAULT_RCP_VERSION) -> float:
@@ -211,8 +221,9 @@ class Convergence:
     """Tokens per evaluation pass."""
 
 
-def convergence(benchmark: str, gbs: int, converge: float | None = None,
-                version: str = DEFAULT_RCP_VERSION) -> Convergence:
+def convergence(
+    benchmark: str, gbs: int, converge: float | None = None, version: str = DEFAULT_RCP_VERSION
+) -> Convergence:
     """Steps and evaluations for a run that needs `converge` tokens (gpt3) or samples (lora).
 
     `converge=None` uses the RCP mean at `gbs`. Steps are rounded up to whole evaluation intervals: a
@@ -234,8 +245,13 @@ def convergence(benchmark: str, gbs: int, converge: float | None = None,
     skip = skipped_evals(benchmark, gbs)
     intervals = max(-(-raw_steps // interval), skip + 1)
     steps = intervals * interval
-    return Convergence(steps=steps, evals=intervals - skip, eval_interval_steps=interval,
-                       train_sequences=steps * gbs, eval_tokens=b.eval_tokens)
+    return Convergence(
+        steps=steps,
+        evals=intervals - skip,
+        eval_interval_steps=interval,
+        train_sequences=steps * gbs,
+        eval_tokens=b.eval_tokens,
+    )
 
 
 def score(benchmark: str, run_minutes) -> float:

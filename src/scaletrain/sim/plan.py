@@ -41,6 +41,7 @@ RESIMULATE = 3
 @dataclass
 class PlanResult:
     """The best layouts found and what the search looked at."""
+
     best: list[Prediction]
     """Top-k feasible predictions (event-simulated), best first."""
     searched: int
@@ -78,7 +79,7 @@ def _batches(unit: int, pp: int, vp: int, lo: int, hi: int) -> list[int]:
     """Global batches in [lo, hi] a layout with dp*mbs = `unit` can run: near lo, near hi, and near the powers of
     two (and 1.5x them) in between, each rounded up to a valid multiple (m >= pp, and m % pp == 0 interleaved)."""
     step = unit * (pp if pp > 1 and vp > 1 else 1)
-    targets = {lo, hi} | {t for i in range(1, 40) for t in (2**i, 3 * 2**(i - 1)) if lo <= t <= hi}
+    targets = {lo, hi} | {t for i in range(1, 40) for t in (2**i, 3 * 2 ** (i - 1)) if lo <= t <= hi}
     out = set()
     for t in targets:
         b = max(-(-t // step), -(-pp * unit // step)) * step
@@ -126,8 +127,18 @@ def _bound(w: Workload, lay: ClusterLayout, cl: Cluster, eff, cache: dict) -> tu
 
 def _tiebreak(lay: ClusterLayout) -> tuple:
     """Stable order among equal scores: fewer GPUs per model replica, then smaller tp, pp, vp, cp, mbs, gbs."""
-    return (lay.tp * lay.pp * lay.cp, lay.tp, lay.pp, lay.vp, lay.cp, lay.mbs, lay.gbs,
-            RECOMPUTE.index(lay.recompute), lay.zero, not lay.fp8)
+    return (
+        lay.tp * lay.pp * lay.cp,
+        lay.tp,
+        lay.pp,
+        lay.vp,
+        lay.cp,
+        lay.mbs,
+        lay.gbs,
+        RECOMPUTE.index(lay.recompute),
+        lay.zero,
+        not lay.fp8,
+    )
 
 
 def _value(p: Prediction, objective: str) -> float:
@@ -135,9 +146,19 @@ def _value(p: Prediction, objective: str) -> float:
     return p.time_to_train_min if objective == "ttt" else -p.tokens_per_s_per_gpu
 
 
-def plan(w: Workload, gpu: str, gpus: int, node: str | None = None, fabric: str | None = None,
-         calibration: str | None = None, top: int = 5, gbs: int | None = None, fp8: bool | None = None,
-         objective: str = "auto", catalog=None) -> PlanResult:
+def plan(
+    w: Workload,
+    gpu: str,
+    gpus: int,
+    node: str | None = None,
+    fabric: str | None = None,
+    calibration: str | None = None,
+    top: int = 5,
+    gbs: int | None = None,
+    fp8: bool | None = None,
+    objective: str = "auto",
+    catalog=None,
+) -> PlanResult:
     """The `top` best layouts of `w` on `gpus` GPUs of kind `gpu` (node and fabric as in `predict`).
 
     `objective`: "ttt" (MLPerf time-to-train; the "auto" choice for benchmark workloads), "throughput" (tokens/s
@@ -191,8 +212,9 @@ def plan(w: Workload, gpu: str, gpus: int, node: str | None = None, fabric: str 
                 for prec in precisions:
                     searched += 1
                     # FP8 runs follow NVIDIA's MLPerf recipes, which reduce gradients in bf16 (as `calibrate` does).
-                    lay = ClusterLayout(gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, mbs=mbs, gbs=b, fp8=prec,
-                                        bf16_grads=prec)
+                    lay = ClusterLayout(
+                        gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, mbs=mbs, gbs=b, fp8=prec, bf16_grads=prec
+                    )
                     problems = lay.problems(w)
                     if problems:
                         rejected[re.sub(r"\d+", "N", problems[0])] += 1
@@ -239,11 +261,18 @@ def plan(w: Workload, gpu: str, gpus: int, node: str | None = None, fabric: str 
     best.sort(key=lambda b: b[:2])
 
     if "memory" in rejected:
-        rejected[f"does not fit in memory even with full recomputation (the leanest rejected needs "
-                 f"{least_mem / memory.GIB:.0f} GiB per GPU; {g.key} has {g.hbm_gb:.0f} GB)"] = rejected.pop("memory")
-    return PlanResult(best=[p for _, _, p in best[:top]], searched=searched, feasible=feasible,
-                      seconds=time.perf_counter() - start, objective=objective,
-                      rejected=dict(rejected.most_common(5)))
+        rejected[
+            f"does not fit in memory even with full recomputation (the leanest rejected needs "
+            f"{least_mem / memory.GIB:.0f} GiB per GPU; {g.key} has {g.hbm_gb:.0f} GB)"
+        ] = rejected.pop("memory")
+    return PlanResult(
+        best=[p for _, _, p in best[:top]],
+        searched=searched,
+        feasible=feasible,
+        seconds=time.perf_counter() - start,
+        objective=objective,
+        rejected=dict(rejected.most_common(5)),
+    )
 
 
 __all__ = ["plan", "PlanResult", "DEFAULT_GBS"]

@@ -6,16 +6,25 @@ from scaletrain.sim.results import bundled_results, load_results
 from scaletrain.sim.workload import MODEL_ALIASES, load_workload
 
 DEFAULT_GPUS = ("h100", "h200", "b200", "gb200")
-COUNTS = {"gpt3-175b": (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
-          "llama2-70b-lora": (8, 16, 32, 64, 128, 256, 512, 1024)}
+COUNTS = {
+    "gpt3-175b": (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
+    "llama2-70b-lora": (8, 16, 32, 64, 128, 256, 512, 1024),
+}
 BENCH = {"gpt3-175b": "gpt3", "llama2-70b-lora": "llama2_70b_lora"}
-COLORS = {"a100": "tab:gray", "h100": "tab:blue", "h200": "tab:orange", "b200": "tab:green", "gb200": "tab:red",
-          "gb300": "tab:purple"}
+COLORS = {
+    "a100": "tab:gray",
+    "h100": "tab:blue",
+    "h200": "tab:orange",
+    "b200": "tab:green",
+    "gb200": "tab:red",
+    "gb300": "tab:purple",
+}
 
 
 def scaling_curves(model: str, gpus=DEFAULT_GPUS, counts=None, calibration: str | None = None) -> dict:
     """{gpu: [(n_gpus, minutes, layout text), ...]} from the planner's best layout at each count."""
     from scaletrain.sim.plan import plan
+
     preset = MODEL_ALIASES.get(model, model)
     w = load_workload(preset)
     out = {}
@@ -26,8 +35,13 @@ def scaling_curves(model: str, gpus=DEFAULT_GPUS, counts=None, calibration: str 
             if res.best and res.best[0].time_to_train_min is not None:
                 best = res.best[0]
                 lay = best.layout
-                pts.append((n, best.time_to_train_min,
-                            f"TP{lay['tp']} PP{lay['pp']} VP{lay['vp']} CP{lay['cp']} GBS{lay['gbs']}"))
+                pts.append(
+                    (
+                        n,
+                        best.time_to_train_min,
+                        f"TP{lay['tp']} PP{lay['pp']} VP{lay['vp']} CP{lay['cp']} GBS{lay['gbs']}",
+                    )
+                )
         out[gpu] = pts
     return out
 
@@ -35,8 +49,10 @@ def scaling_curves(model: str, gpus=DEFAULT_GPUS, counts=None, calibration: str 
 def plot_scaling(model: str, out: str, gpus=None, calibration: str | None = None, results=()) -> str:
     """Draw the curves and the published points of the same benchmark; returns the PNG path."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     preset = MODEL_ALIASES.get(model, model)
     if preset not in BENCH:
         raise ValueError(f"--model {model}: plot needs an MLPerf benchmark model ({', '.join(BENCH)})")

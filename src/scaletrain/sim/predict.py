@@ -20,6 +20,7 @@ BENCHMARK_OF = {"gpt3-175b": "gpt3", "llama2-70b-lora": "llama2_70b_lora"}
 @dataclass
 class Prediction:
     """Everything `scaletrain predict --json` prints (the keys are a stable interface)."""
+
     model: str
     gpu: str
     node: str
@@ -56,6 +57,7 @@ class Prediction:
 @dataclass(frozen=True)
 class ExpectedRun:
     """Steps and evaluations of the run a score reflects (fractional when it is an average over runs)."""
+
     steps: float
     evals: float
     eval_tokens: int
@@ -89,9 +91,19 @@ def eval_time(w: Workload, layout: ClusterLayout, fwd_rank_s: float, eval_tokens
     return pipe * fwd_rank_s / eff.eval_eff
 
 
-def predict(w: Workload, layout: ClusterLayout, gpu: str, node: str | None = None, fabric: str | None = None,
-            calibration: str | None = None, eff: Efficiency | None = None, converge: float | None = None,
-            catalog: Catalog | None = None, event: bool = True, benchmark: str | None = None) -> Prediction:
+def predict(
+    w: Workload,
+    layout: ClusterLayout,
+    gpu: str,
+    node: str | None = None,
+    fabric: str | None = None,
+    calibration: str | None = None,
+    eff: Efficiency | None = None,
+    converge: float | None = None,
+    catalog: Catalog | None = None,
+    event: bool = True,
+    benchmark: str | None = None,
+) -> Prediction:
     """Predict one configuration. `eff` overrides the fitted set picked by `calibration` (a release)."""
     cat = catalog or load_catalog()
     g, n, f = cat.system(gpu, node, fabric)
@@ -101,19 +113,41 @@ def predict(w: Workload, layout: ClusterLayout, gpu: str, node: str | None = Non
     reasons = layout.problems(w)
     if layout.fp8 and g.fp8_tflops <= 0:
         reasons.append(f"{g.key} has no FP8 tensor cores")
-    base = dict(model=w.name, gpu=g.key, node=n.key, fabric=f.key, gpus=layout.gpus,
-                layout=_layout_dict(layout), calibration=release)
+    base = dict(
+        model=w.name,
+        gpu=g.key,
+        node=n.key,
+        fabric=f.key,
+        gpus=layout.gpus,
+        layout=_layout_dict(layout),
+        calibration=release,
+    )
     if reasons:
-        return Prediction(**base, feasible=False, reasons=reasons, step_time_s=math.nan,
-                          tokens_per_s_per_gpu=0.0, model_tflops_per_gpu=0.0, mfu=0.0,
-                          mfu_peak_tflops=g.bf16_tflops, memory_gib_per_gpu=math.nan, memory={}, steps=None,
-                          evals=None, eval_time_s=None, train_time_s=None, time_to_train_min=None)
+        return Prediction(
+            **base,
+            feasible=False,
+            reasons=reasons,
+            step_time_s=math.nan,
+            tokens_per_s_per_gpu=0.0,
+            model_tflops_per_gpu=0.0,
+            mfu=0.0,
+            mfu_peak_tflops=g.bf16_tflops,
+            memory_gib_per_gpu=math.nan,
+            memory={},
+            steps=None,
+            evals=None,
+            eval_time_s=None,
+            train_time_s=None,
+            time_to_train_min=None,
+        )
     cl = Cluster(g, n, f, layout.gpus)
     st = step_time(w, layout, cl, eff, event=event)
     mem = memory.memory_per_gpu(w, layout, in_flight=st.in_flight)
     if not memory.fits(mem, g.hbm_gb):
-        reasons.append(f"needs {mem.total / 2**30:.1f} GiB per GPU, more than the {g.hbm_gb:.0f} GB "
-                       f"{g.key} leaves after its runtime reserve")
+        reasons.append(
+            f"needs {mem.total / 2**30:.1f} GiB per GPU, more than the {g.hbm_gb:.0f} GB "
+            f"{g.key} leaves after its runtime reserve"
+        )
     tokens_per_s = layout.gbs * w.seq_len / st.step_time_s
     per_gpu = tokens_per_s / layout.gpus
     tflops = per_gpu * w.flops_per_token / 1e12
@@ -129,11 +163,25 @@ def predict(w: Workload, layout: ClusterLayout, gpu: str, node: str | None = Non
         ttt = (train_s + evals * ev_s) / 60
         ttt_parts = {k: steps * v / 60 for k, v in st.breakdown.items()}
         ttt_parts["evaluation"] = evals * ev_s / 60
-    return Prediction(**base, feasible=not reasons, reasons=reasons, step_time_s=st.step_time_s,
-                      tokens_per_s_per_gpu=per_gpu, model_tflops_per_gpu=tflops, mfu=tflops / peak,
-                      mfu_peak_tflops=peak, memory_gib_per_gpu=mem.total / 2**30, memory=mem.gib(), steps=steps,
-                      evals=evals, eval_time_s=ev_s, train_time_s=train_s, time_to_train_min=ttt,
-                      breakdown=st.breakdown, ttt_breakdown=ttt_parts)
+    return Prediction(
+        **base,
+        feasible=not reasons,
+        reasons=reasons,
+        step_time_s=st.step_time_s,
+        tokens_per_s_per_gpu=per_gpu,
+        model_tflops_per_gpu=tflops,
+        mfu=tflops / peak,
+        mfu_peak_tflops=peak,
+        memory_gib_per_gpu=mem.total / 2**30,
+        memory=mem.gib(),
+        steps=steps,
+        evals=evals,
+        eval_time_s=ev_s,
+        train_time_s=train_s,
+        time_to_train_min=ttt,
+        breakdown=st.breakdown,
+        ttt_breakdown=ttt_parts,
+    )
 
 
 def _layout_dict(layout: ClusterLayout) -> dict:

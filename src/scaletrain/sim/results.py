@@ -29,9 +29,20 @@ _GPU_RE = re.compile(r"(?<![a-z0-9])(" + "|".join(GPU_KEYS) + r")(?![0-9])")
 _ROUND_RE = re.compile(r"^v?(\d+)\.(\d+)$")
 _PAR_RE = re.compile(r"^TP(\d+)\s+PP(\d+)(?:\s+CP(\d+))?(?:\s+VP(\d+))?\s*(?:,\s*(FP8|BF16))?$", re.IGNORECASE)
 
-COMMON_COLUMNS = ("benchmark", "round", "submitter", "system", "accelerator", "n_accel", "gbs", "n_runs",
-                  "run_minutes", "score_minutes", "source")
-LAYOUT_COLUMNS = ("tp", "pp", "vp", "mbs", "fp8")      # gpt3 style; llama style needs `parallelism` instead
+COMMON_COLUMNS = (
+    "benchmark",
+    "round",
+    "submitter",
+    "system",
+    "accelerator",
+    "n_accel",
+    "gbs",
+    "n_runs",
+    "run_minutes",
+    "score_minutes",
+    "source",
+)
+LAYOUT_COLUMNS = ("tp", "pp", "vp", "mbs", "fp8")  # gpt3 style; llama style needs `parallelism` instead
 CONVERGE_COLUMNS = ("run_tokens_to_converge", "run_samples_to_converge")
 BUNDLED_FILES = {"gpt3": "mlperf_gpt3_calibration.csv", "llama2_70b_lora": "mlperf_llama2_lora_calibration.csv"}
 GPUS_PER_NODE = 8
@@ -148,8 +159,7 @@ def _layout(row: dict) -> tuple[int, int, int, int, int, bool]:
     if fp8_text not in ("yes", "no"):
         raise _RowError(f"fp8 {row['fp8']!r} is not yes/no")
     cp = _pos_int(row, "cp") if row.get("cp") else 1
-    return (_pos_int(row, "tp"), _pos_int(row, "pp"), _pos_int(row, "vp"), cp, _pos_int(row, "mbs"),
-            fp8_text == "yes")
+    return (_pos_int(row, "tp"), _pos_int(row, "pp"), _pos_int(row, "vp"), cp, _pos_int(row, "mbs"), fp8_text == "yes")
 
 
 def _parse_row(row: dict, line: int, required: tuple[str, ...]) -> PublishedResult:
@@ -170,8 +180,11 @@ def _parse_row(row: dict, line: int, required: tuple[str, ...]) -> PublishedResu
     gpus = _pos_int(row, "n_accel")
     gbs = _pos_int(row, "gbs")
     tp, pp, vp, cp, mbs, fp8 = _layout(row)
-    nodes = _pos_int(row, "n_nodes") if row.get("n_nodes") else (
-        gpus // GPUS_PER_NODE if gpus % GPUS_PER_NODE == 0 else None)
+    nodes = (
+        _pos_int(row, "n_nodes")
+        if row.get("n_nodes")
+        else (gpus // GPUS_PER_NODE if gpus % GPUS_PER_NODE == 0 else None)
+    )
     n_runs = _pos_int(row, "n_runs")
     runs = tuple(_pos_float(t, "run_minutes") for t in _split(row["run_minutes"]))
     if len(runs) != n_runs:
@@ -185,19 +198,38 @@ def _parse_row(row: dict, line: int, required: tuple[str, ...]) -> PublishedResu
             converge = tuple(_pos_int({col: p}, col) for p in parts)
     scaling = row.get("scaling_factor") or "-"
     return PublishedResult(
-        line=line, benchmark=benchmark, round=f"v{m.group(1)}.{m.group(2)}", submitter=row["submitter"],
-        system=row["system"], gpu=gpu, accelerator=row["accelerator"], gpus=gpus, nodes=nodes,
-        interconnect=row.get("interconnect") or "", gbs=gbs, tp=tp, pp=pp, vp=vp, cp=cp, mbs=mbs, fp8=fp8,
-        run_minutes=runs, score_minutes=_pos_float(row["score_minutes"], "score_minutes"),
-        run_converge=converge, source=row["source"],
-        scaling_factor=1.0 if scaling == "-" else _pos_float(scaling, "scaling_factor"))
+        line=line,
+        benchmark=benchmark,
+        round=f"v{m.group(1)}.{m.group(2)}",
+        submitter=row["submitter"],
+        system=row["system"],
+        gpu=gpu,
+        accelerator=row["accelerator"],
+        gpus=gpus,
+        nodes=nodes,
+        interconnect=row.get("interconnect") or "",
+        gbs=gbs,
+        tp=tp,
+        pp=pp,
+        vp=vp,
+        cp=cp,
+        mbs=mbs,
+        fp8=fp8,
+        run_minutes=runs,
+        score_minutes=_pos_float(row["score_minutes"], "score_minutes"),
+        run_converge=converge,
+        source=row["source"],
+        scaling_factor=1.0 if scaling == "-" else _pos_float(scaling, "scaling_factor"),
+    )
 
 
 def _read_source(path_or_text) -> tuple[str, str]:
     """(name for messages, text). A str with a newline, or naming no file but holding a comma, is CSV text."""
     if isinstance(path_or_text, os.PathLike) or (
-            isinstance(path_or_text, str) and "\n" not in path_or_text
-            and (os.path.exists(path_or_text) or "," not in path_or_text)):
+        isinstance(path_or_text, str)
+        and "\n" not in path_or_text
+        and (os.path.exists(path_or_text) or "," not in path_or_text)
+    ):
         path = Path(path_or_text)
         try:
             return str(path), path.read_text(encoding="utf-8")
@@ -258,7 +290,7 @@ def load_results(path_or_text, strict: bool = False) -> LoadReport:
     return report
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _bundled(benchmark: str) -> tuple[PublishedResult, ...]:
     text = resources.files("scaletrain.sim").joinpath("data", BUNDLED_FILES[benchmark]).read_text("utf-8")
     # Strict: the carried files are curated, so a bad row is a packaging bug, not data to skip.

@@ -92,6 +92,7 @@ def _op_order(schedule: str, p: int, m: int, v: int, rank: int) -> list[tuple[bo
 
         def bwd(i):
             return (True, v - 1 - (i // p) % v, mb(i))
+
     order = [fwd(i) for i in range(warm)]
     for i in range(total - warm):
         order += (fwd(warm + i), bwd(i))
@@ -169,11 +170,16 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, fwd=None, bwd=None, p2p:
     for r in range(p):
         if pos[r] < len(orders[r]):
             is_b, c, j = orders[r][pos[r]]
-            need = [f"{'backward' if w else 'forward'} of stage {i // m}, micro-batch {i % m}"
-                    for (w, i), rs in waiters.items() if r in rs]
-            raise RuntimeError(f"{schedule} op order deadlocks: rank {r} is stuck at op {pos[r]} "
-                               f"({'backward' if is_b else 'forward'} of micro-batch {j}, chunk {c}) "
-                               f"waiting for the {', '.join(need)}, which never runs")
+            need = [
+                f"{'backward' if w else 'forward'} of stage {i // m}, micro-batch {i % m}"
+                for (w, i), rs in waiters.items()
+                if r in rs
+            ]
+            raise RuntimeError(
+                f"{schedule} op order deadlocks: rank {r} is stuck at op {pos[r]} "
+                f"({'backward' if is_b else 'forward'} of micro-batch {j}, chunk {c}) "
+                f"waiting for the {', '.join(need)}, which never runs"
+            )
     makespan = max(free)
     busy = [m * sum(fc[r]) + m * sum(bc[r]) for r in range(p)]
     in_flight = []

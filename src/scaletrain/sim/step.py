@@ -27,6 +27,7 @@ _OPT_BYTES = 4 * 4 + 3 * 4 + BF16
 @dataclass
 class StepResult:
     """Seconds per training step and where they go (the breakdown sums to step_time_s)."""
+
     step_time_s: float
     breakdown: dict = field(default_factory=dict)
     """compute, tp_exposed, cp_exposed, pp_bubble, dp_exposed, overlap_slowdown, optimizer, overhead."""
@@ -92,8 +93,9 @@ def stage_costs(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency
 _BUCKET_PARAMS = 40e6
 
 
-def _dp_buckets(w: Workload, layout: ClusterLayout, cl: Cluster, rank: int,
-                chunk: int) -> tuple[list[float], list[float]]:
+def _dp_buckets(
+    w: Workload, layout: ClusterLayout, cl: Cluster, rank: int, chunk: int
+) -> tuple[list[float], list[float]]:
     """(reduce-scatter, all-gather) seconds of the DP buckets of one chunk on one rank, in backward order.
 
     Gradients are reduced in `layout.bf16_grads` precision (all-reduced when zero = 0); parameters are gathered in
@@ -121,8 +123,10 @@ def _dp_buckets(w: Workload, layout: ClusterLayout, cl: Cluster, rank: int,
     if layout.zero == 0:
         return [cl.collective("all_reduce", n, x * grad_bytes, stride=t) for x in sizes], [0.0] * nb
     gathers = 2 if layout.zero == 3 else 1
-    return ([cl.collective("reduce_scatter", n, x * grad_bytes, stride=t) for x in sizes],
-            [gathers * cl.collective("all_gather", n, x * weight_bytes, stride=t) for x in gsizes])
+    return (
+        [cl.collective("reduce_scatter", n, x * grad_bytes, stride=t) for x in sizes],
+        [gathers * cl.collective("all_gather", n, x * weight_bytes, stride=t) for x in gsizes],
+    )
 
 
 def _dp_timing(w, layout, cl, eff, ranks, fwd, bwd, lbe, ffs, makespan) -> tuple[float, float]:
@@ -196,14 +200,21 @@ def step_time(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency, 
     sched = layout.pipeline_schedule
     if event:
         res = schedule.simulate(sched, p, m, v, fwd, bwd, p2p)
-        makespan, lbe, ffs, in_flight = res.makespan, res.last_backward_end, res.first_forward_start, max(res.max_in_flight)
+        makespan, lbe, ffs, in_flight = (
+            res.makespan,
+            res.last_backward_end,
+            res.first_forward_start,
+            max(res.max_in_flight),
+        )
     else:
         mean_chunk = sum(rank_work) / (p * v)
         makespan = m * rank_work[busiest] + (p - 1) * mean_chunk + (2 * (p * v - 1) * p2p if p > 1 else 0.0)
         # Chunk c's last backward ends roughly (v-1-c)/v of the cooldown before the end; its first forward
         # starts c chunk-forwards into the step.
-        lbe = [[makespan - (c / v) * (p - 1) * mean_chunk - sum(bwd[r][c2] for c2 in range(c)) for c in range(v)]
-               for r in range(p)]
+        lbe = [
+            [makespan - (c / v) * (p - 1) * mean_chunk - sum(bwd[r][c2] for c2 in range(c)) for c in range(v)]
+            for r in range(p)
+        ]
         ffs = [[r * fwd[0][0] + c * p * fwd[r][0] for c in range(v)] for r in range(p)]
         in_flight = min(m, ((p - 1) * 2 + (v - 1) * p + 1) / v if v > 1 else p)
     dp_exposed, hidden = _dp_timing(w, layout, cl, eff, sorted({0, busiest, p - 1}), fwd, bwd, lbe, ffs, makespan)
@@ -224,5 +235,10 @@ def step_time(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency, 
         "overhead": eff.step_overhead_s,
     }
     total = sum(breakdown.values())
-    return StepResult(step_time_s=total, breakdown=breakdown, forward_rank_s=max(sum(f) for f in fwd),
-                      in_flight=in_flight, details={"p2p_s": p2p, "microbatches": m, "makespan_s": makespan})
+    return StepResult(
+        step_time_s=total,
+        breakdown=breakdown,
+        forward_rank_s=max(sum(f) for f in fwd),
+        in_flight=in_flight,
+        details={"p2p_s": p2p, "microbatches": m, "makespan_s": makespan},
+    )

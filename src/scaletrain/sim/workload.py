@@ -6,7 +6,6 @@ A Workload is built from the same `ModelConfig` the trainer uses and priced with
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from scaletrain.config import Config, ConfigError, resolve
@@ -87,11 +86,22 @@ def workload_from_config(cfg: Config, name: str = "", seq_len: int | None = None
     adapters = model_flops.lora_params(m, lo.rank, targets)
     params = model_flops.num_params(m)
     return Workload(
-        name=name or cfg.preset, arch=m.arch, layers=m.n_layers, hidden=m.d_model, heads=m.n_heads,
-        kv_heads=m.kv_heads, ffn=m.ffn_size, vocab=m.padded_vocab, seq_len=s, lora_rank=lo.rank,
-        lora_targets=targets, params=params, trainable_params=adapters if lo.rank > 0 else params,
+        name=name or cfg.preset,
+        arch=m.arch,
+        layers=m.n_layers,
+        hidden=m.d_model,
+        heads=m.n_heads,
+        kv_heads=m.kv_heads,
+        ffn=m.ffn_size,
+        vocab=m.padded_vocab,
+        seq_len=s,
+        lora_rank=lo.rank,
+        lora_targets=targets,
+        params=params,
+        trainable_params=adapters if lo.rank > 0 else params,
         flops_per_token=model_flops.flops_per_token(m, s, lo.rank, targets),
-        forward_flops=model_flops.forward_flops_per_token(m, s))
+        forward_flops=model_flops.forward_flops_per_token(m, s),
+    )
 
 
 def load_workload(model: str, overrides: tuple[str, ...] = ()) -> Workload:
@@ -181,7 +191,9 @@ class ClusterLayout:
         elif self.pp > 1 and self.microbatches < self.pp:
             out.append(f"{self.microbatches} micro-batches per step < pp={self.pp}")
         elif self.pipeline_schedule == "interleaved_1f1b" and self.microbatches % self.pp:
-            out.append(f"interleaved schedule needs micro-batches ({self.microbatches}) to be a multiple of pp={self.pp}")
+            out.append(
+                f"interleaved schedule needs micro-batches ({self.microbatches}) to be a multiple of pp={self.pp}"
+            )
         if self.recompute not in ("none", "selective", "full"):
             out.append(f"recompute={self.recompute!r} must be none, selective or full")
         if self.zero not in (0, 1, 3):
@@ -194,8 +206,10 @@ class ClusterLayout:
 
     def describe(self) -> str:
         """Short text form, e.g. "TP4 PP8 VP12 CP1 DP336 mbs1 GBS2688 fp8"."""
-        text = (f"TP{self.tp} PP{self.pp} VP{self.vp} CP{self.cp} DP{self.dp} mbs{self.mbs} GBS{self.gbs}"
-                f"{' fp8' if self.fp8 else ''}{'' if self.recompute == 'none' else ' ' + self.recompute}")
+        text = (
+            f"TP{self.tp} PP{self.pp} VP{self.vp} CP{self.cp} DP{self.dp} mbs{self.mbs} GBS{self.gbs}"
+            f"{' fp8' if self.fp8 else ''}{'' if self.recompute == 'none' else ' ' + self.recompute}"
+        )
         return text
 
 

@@ -34,13 +34,21 @@ class ProgressBar:
     def __init__(self, total_steps: int, first_step: int = 0) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
         self._progress = Progress(
-            TextColumn("[bold]step {task.completed}/≤{task.total}"), BarColumn(),
+            TextColumn("[bold]step {task.completed}/≤{task.total}"),
+            BarColumn(),
             TextColumn("loss {task.fields[loss]}  eval {task.fields[eval]}  {task.fields[tps]} tok/s"),
-            TimeElapsedColumn(), TextColumn("ETA ≤"), TimeRemainingColumn(),
-            TextColumn("[dim](target may stop it sooner)"), console=Console(), transient=True)
-        self._task = self._progress.add_task("train", total=total_steps, completed=first_step, loss="-", eval="-",
-                                             tps="-")
+            TimeElapsedColumn(),
+            TextColumn("ETA ≤"),
+            TimeRemainingColumn(),
+            TextColumn("[dim](target may stop it sooner)"),
+            console=Console(),
+            transient=True,
+        )
+        self._task = self._progress.add_task(
+            "train", total=total_steps, completed=first_step, loss="-", eval="-", tps="-"
+        )
         self._progress.start()
 
     def update(self, record: dict[str, Any]) -> None:
@@ -60,8 +68,15 @@ class ProgressBar:
 class LogLines:
     """One plain line per logged training step and per evaluation, on stdout, flushed at once."""
 
-    def __init__(self, total_steps: int, first_step: int = 0, total_label: str = "step budget",
-                 memory_label: str = "peak RSS", target: float | None = None, out=None) -> None:
+    def __init__(
+        self,
+        total_steps: int,
+        first_step: int = 0,
+        total_label: str = "step budget",
+        memory_label: str = "peak RSS",
+        target: float | None = None,
+        out=None,
+    ) -> None:
         """`total_label` names what bounds the steps, `memory_label` what peak_mem_gib measures (device-dependent);
         `target` is shown on evaluation lines."""
         self.total, self.first_step, self.total_label = int(total_steps), int(first_step), total_label

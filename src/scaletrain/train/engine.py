@@ -62,6 +62,7 @@ def load_datasets(cfg: Config, seed: int) -> Datasets:
 
     if cfg.data.format == "sft":
         from scaletrain.data.sft import open_sft_datasets
+
         return Datasets(*open_sft_datasets(cfg.data, cfg.model.vocab_size, cfg.model.seq_len, seed))
     train, valid, _ = open_data(cfg.data, cfg.model.vocab_size)
     return Datasets(TrainSamples(train, cfg.model.seq_len, seed), ValidSamples(valid, cfg.model.seq_len))
@@ -95,11 +96,13 @@ class Trainer:
         self.schedule = None
         self.optimizers: list = []  # one per model part, so optimizer state is named like the parameters
         from scaletrain.checkpoint.checkpointer import Checkpointer
+
         self.checkpointer = Checkpointer(cfg, self.run_dir)
         self.resume_path = self.checkpointer.find(cfg.checkpoint.resume)
         self.resume_info = None
         if self.resume_path is not None:
             from scaletrain.checkpoint.safe_load import read_trainer
+
             self.resume_info = read_trainer(self.resume_path)  # types checked: a one-line error, not a KeyError later
         self.metrics: MetricsLogger | None = None
         self.stop_signals = StopSignals()  # SIGTERM/SIGUSR1: save and stop (installed for init..finish)
@@ -123,13 +126,15 @@ class Trainer:
     def init(self) -> None:
         """Untimed: threads, mesh, parallelized build, warm-up on synthetic tokens, reset to the cold-start state."""
         from scaletrain.parallel.parallelize import parallelize
+
         if self.device.type == "cpu":
             setup_cpu(self._threads())
         if self.world_size > 1:
             self.mesh = self.layout.build_mesh(self.device.type)
         self._coords()
-        self.pm, self.schedule = parallelize(self.cfg, self.layout, self.mesh, self.device, self.seed,
-                                             loss_fn=self._pipeline_loss)
+        self.pm, self.schedule = parallelize(
+            self.cfg, self.layout, self.mesh, self.device, self.seed, loss_fn=self._pipeline_loss
+        )
         self.optimizers = self._build_optimizers()
         self._warm_up()
         # Reset: the init is a pure function of (seed, name, index), so re-running it restores the exact
@@ -147,10 +152,15 @@ class Trainer:
             info = self.checkpointer.load(self.resume_path, self.pm.parts, self.optimizers)
             self.step = int(info["step"])
         if self.rank == 0:
-            self.metrics = MetricsLogger(self.run_dir, total_steps=self._planned_steps(),
-                                         progress=self.cfg.train.progress, first_step=self.step,
-                                         total_label=self._budget_label(), target=self.cfg.train.target_eval_loss,
-                                         memory_label="max allocated" if self.device.type == "cuda" else "peak RSS")
+            self.metrics = MetricsLogger(
+                self.run_dir,
+                total_steps=self._planned_steps(),
+                progress=self.cfg.train.progress,
+                first_step=self.step,
+                total_label=self._budget_label(),
+                target=self.cfg.train.target_eval_loss,
+                memory_label="max allocated" if self.device.type == "cuda" else "peak RSS",
+            )
         self.stop_signals.install()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -161,8 +171,12 @@ class Trainer:
         """One optimizer step on the next global batch; raises NonFiniteLoss before touching the weights."""
         t0 = time.perf_counter()
         consumed = self.step * self.global_batch_size
-        batches = [self.data.train.rank_batch(consumed, self.global_batch_size, self.dp_rank, self.layout.dp,
-                                              self.micro_batch_size, i) for i in range(self.accum)]
+        batches = [
+            self.data.train.rank_batch(
+                consumed, self.global_batch_size, self.dp_rank, self.layout.dp, self.micro_batch_size, i
+            )
+            for i in range(self.accum)
+        ]
         loss = self._forward_backward(batches)
         step_number = self.step + 1
         if not math.isfinite(loss):
@@ -176,8 +190,11 @@ class Trainer:
         if not math.isfinite(grad_norm):
             raise NonFiniteLoss(step_number, grad_norm)
         clip_grads_(params, self.cfg.optim.grad_clip, grad_norm)
-        lr = lr_at(self.cfg.optim.init_checkpoint_step(self.global_batch_size) + step_number,
-                   self.cfg.optim, self.global_batch_size)
+        lr = lr_at(
+            self.cfg.optim.init_checkpoint_step(self.global_batch_size) + step_number,
+            self.cfg.optim,
+            self.global_batch_size,
+        )
         for opt in self.optimizers:
             set_lr(opt, lr)
             opt.step()
@@ -187,12 +204,18 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
         tokens_per_s = self.global_batch_size * self.seq_len / dt
-        record = {"step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                  "tokens": self.step * self.global_batch_size * self.seq_len,
-                  "tokens_per_s": tokens_per_s, "step_time_s": dt,
-                  "model_tflops": tokens_per_s * self.flops_per_token / 1e12,
-                  "model_tflops_per_device": tokens_per_s * self.flops_per_token / 1e12 / self.world_size,
-                  "peak_mem_gib": peak_memory_gib(self.device)}
+        record = {
+            "step": self.step,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens": self.step * self.global_batch_size * self.seq_len,
+            "tokens_per_s": tokens_per_s,
+            "step_time_s": dt,
+            "model_tflops": tokens_per_s * self.flops_per_token / 1e12,
+            "model_tflops_per_device": tokens_per_s * self.flops_per_token / 1e12 / self.world_size,
+            "peak_mem_gib": peak_memory_gib(self.device),
+        }
         if self.peak is not None:
             record["mfu"] = record["model_tflops_per_device"] / self.peak[1]
             record["mfu_peak"] = f"{self.peak[0]} dense bf16 {self.peak[1]:g} TFLOP/s"
@@ -211,8 +234,9 @@ class Trainer:
         self._end_eval()
         value = self._sum_over_ranks(total) / self.eval_tokens
         if self.metrics is not None:
-            self.metrics.log({"step": self.step, "eval_loss": value,
-                              "tokens": self.step * self.global_batch_size * self.seq_len})
+            self.metrics.log(
+                {"step": self.step, "eval_loss": value, "tokens": self.step * self.global_batch_size * self.seq_len}
+            )
         return value
 
     def finish(self, result: dict) -> None:
@@ -238,11 +262,14 @@ class Trainer:
     def save_checkpoint(self, harness_state: dict) -> Path:
         """Save model, optimizers and trainer/harness state at the current step; returns the checkpoint's path."""
         from scaletrain.checkpoint.checkpointer import trainer_state
-        return self.checkpointer.save(self.step, self.pm.parts, self.optimizers,
-                                      trainer_state(self.step, self.cfg, self.layout, harness_state))
+
+        return self.checkpointer.save(
+            self.step, self.pm.parts, self.optimizers, trainer_state(self.step, self.cfg, self.layout, harness_state)
+        )
 
     def _load_init_weights(self) -> None:
         from scaletrain.checkpoint.init_from import check_compatible, load_base_weights, read_base_state
+
         where = self.cfg.checkpoint.init_from
         saved, state = read_base_state(where)
         check_compatible(self.cfg.model, saved, where)
@@ -257,6 +284,7 @@ class Trainer:
         # root) holding gathered copies; free them so the next write to the shards (optimizer, reset) is what the
         # next forward gathers.
         from torch.distributed.fsdp import FSDPModule
+
         for part in self.pm.parts:
             part.train()
             for module in part.modules():
@@ -276,6 +304,7 @@ class Trainer:
 
     def _threads(self) -> int:
         import os
+
         per_node = self.cfg.train.threads
         if not per_node:
             return 0
@@ -286,6 +315,7 @@ class Trainer:
         if self.layout.cp == 1:
             return t
         from scaletrain.parallel.context_parallel import shard_sequence
+
         return shard_sequence(t, self.layout.cp, self.cp_rank)
 
     def _context(self):
@@ -294,6 +324,7 @@ class Trainer:
             stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
         if self.layout.tp > 1:
             from torch.distributed.tensor.parallel import loss_parallel
+
             stack.enter_context(loss_parallel())  # cross-entropy on vocabulary-sharded logits, never gathered
         return stack
 
@@ -310,8 +341,9 @@ class Trainer:
         return float(t)
 
     def _global_label_count(self, batches) -> int:
-        n = torch.tensor(sum(int((labels != IGNORE_INDEX).sum()) for _, labels in batches), dtype=torch.float64,
-                         device=self.device)
+        n = torch.tensor(
+            sum(int((labels != IGNORE_INDEX).sum()) for _, labels in batches), dtype=torch.float64, device=self.device
+        )
         if self.layout.dp > 1:
             dist.all_reduce(n, group=self.mesh["dp"].get_group())
         return int(n)
@@ -345,8 +377,11 @@ class Trainer:
         with self._context():
             args = (inputs,) if self.pm.has_first_stage else ()
             self.schedule.step(*args, target=labels if last else None, losses=losses)
-        total = sum(self._scalar(x.detach()).double() for x in losses) if losses else torch.zeros(
-            (), dtype=torch.float64, device=self.device)
+        total = (
+            sum(self._scalar(x.detach()).double() for x in losses)
+            if losses
+            else torch.zeros((), dtype=torch.float64, device=self.device)
+        )
         return self._sum_over_ranks(total) / self.layout.dp_cp
 
     def _eval_loss_sum(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,7 @@ def total_grad_norm(params, pp_group=None, exclude=None) -> float:
         groups.setdefault(key, []).append(g)
     device = next((_local(gs[0]).device for gs in groups.values()), torch.device("cpu"))
     sq = torch.zeros((), dtype=torch.float32, device=device)
-    for key, grads in groups.items():
+    for grads in groups.values():
         norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()

@@ -44,6 +44,7 @@ def peak_memory_gib(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     import resource
+
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is KiB on Linux
 
 
@@ -76,6 +77,7 @@ def training_state_bytes(cfg, shards: int = 1) -> int:
     """A lower bound on one rank's training state: fp32 weights, gradients and two Adam moments (16 bytes per
     trained parameter; a LoRA run's frozen base needs its 4-byte weights only), divided over `shards` ranks."""
     from scaletrain.model.flops import lora_params, num_params
+
     base = num_params(cfg.model)
     if cfg.lora.rank > 0:
         total = 4 * base + 16 * lora_params(cfg.model, cfg.lora.rank, tuple(cfg.lora.targets))
@@ -91,6 +93,7 @@ def check_host_memory(cfg, layout) -> None:
     so a run refused here could never have fit. Raises ConfigError (exit 2) with the estimate.
     """
     from scaletrain.config import ConfigError
+
     shards = layout.dp_shard * layout.cp * layout.tp * layout.pp  # what FSDP, TP and PP split the weights over
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     need = training_state_bytes(cfg, shards) * local_ranks
@@ -99,9 +102,12 @@ def check_host_memory(cfg, layout) -> None:
     if have is not None and need > have:
         what = "fp32 weights + LoRA adapters with Adam" if cfg.lora.rank > 0 else "fp32 weights, gradients and Adam"
         per = f" ({local_ranks} ranks on this machine, 1/{shards} each)" if local_ranks > 1 or shards > 1 else ""
-        problem = (f"{cfg.preset or 'this model'} needs ~{_human(need)} for {what}{per}; this machine has "
-                   f"{_human(have)} available")
+        problem = (
+            f"{cfg.preset or 'this model'} needs ~{_human(need)} for {what}{per}; this machine has "
+            f"{_human(have)} available"
+        )
     from scaletrain.train.rundir import share
+
     problem = share(problem)  # rank 0's reading decides for all: a rank left behind would hang in a collective
     if problem:
         raise ConfigError(problem)

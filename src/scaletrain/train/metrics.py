@@ -19,8 +19,15 @@ class MetricsLogger:
     so every step is in the file once.
     """
 
-    def __init__(self, run_dir: str | Path, total_steps: int, progress: bool = True, tensorboard: bool = True,
-                 first_step: int = 0, **view: Any):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        total_steps: int,
+        progress: bool = True,
+        tensorboard: bool = True,
+        first_step: int = 0,
+        **view: Any,
+    ):
         """`total_steps`: the planned steps (an upper bound); `first_step`: where a resumed run starts; `view`:
         options of the plain-line log (console.LogLines)."""
         self.run_dir = Path(run_dir)
@@ -30,6 +37,7 @@ class MetricsLogger:
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # heavy import: only when asked for
+
             # purge_step: TensorBoard hides the lost attempt's events after the restart step.
             self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=first_step + 1)
         self._view = live_view(total_steps, progress, first_step, **view)

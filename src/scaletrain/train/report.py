@@ -37,6 +37,7 @@ def plot_run(run_dir: Path) -> list[Path]:
 
 def _plot(target: Path, runs: list[Path]) -> Path:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -44,11 +45,17 @@ def _plot(target: Path, runs: list[Path]) -> Path:
     for run in runs:
         train, evals = read_metrics(run)
         label = run.name if len(runs) > 1 else "train"
-        line, = ax.plot([r["tokens"] for r in train], [r["loss"] for r in train], lw=0.8, alpha=0.7,
-                        label=f"{label} loss")
+        (line,) = ax.plot(
+            [r["tokens"] for r in train], [r["loss"] for r in train], lw=0.8, alpha=0.7, label=f"{label} loss"
+        )
         if evals:
-            ax.plot([r["tokens"] for r in evals], [r["eval_loss"] for r in evals], "o-", color=line.get_color(),
-                    label=f"{label} eval")
+            ax.plot(
+                [r["tokens"] for r in evals],
+                [r["eval_loss"] for r in evals],
+                "o-",
+                color=line.get_color(),
+                label=f"{label} eval",
+            )
     target_loss = _target(runs[0])
     if target_loss is not None:
         ax.axhline(target_loss, color="k", ls="--", lw=0.8, label=f"target {target_loss}")

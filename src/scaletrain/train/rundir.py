@@ -32,8 +32,17 @@ LOCK_NAME = ".scaletrain.lock"
 DEFAULT_DIRS = ("runs/latest", "runs/bench")
 """Directories a command uses when none is named; re-running into them moves the previous run aside."""
 # What a run (train) or a benchmark (bench --out) leaves in its directory; --overwrite removes exactly these.
-RUN_FILES = ("result.json", "mllog.txt", "metrics.jsonl", "tensorboard", "checkpoints", "loss.png",
-             "compliance.txt", "compliance_checker.log", "config.json")
+RUN_FILES = (
+    "result.json",
+    "mllog.txt",
+    "metrics.jsonl",
+    "tensorboard",
+    "checkpoints",
+    "loss.png",
+    "compliance.txt",
+    "compliance_checker.log",
+    "config.json",
+)
 BENCH_FILES = ("summary.json",)
 _BENCH_RUN = re.compile(r"^run_\d+$")
 _CHECKPOINT_ENTRY = re.compile(r"^step_\d{8}($|\.)")
@@ -44,6 +53,7 @@ class RunDirError(ConfigError):
 
 
 # ---------------------------------------------------------------- strict JSON
+
 
 def strict_json(value: Any) -> Any:
     """`value` with every NaN/Infinity replaced by None; a dict that had one gains "non_finite": {key: "nan"}."""
@@ -69,6 +79,7 @@ def dumps_strict(value: Any, **kwargs) -> str:
 
 
 # ---------------------------------------------------------------- metrics.jsonl on resume
+
 
 def truncate_metrics(path: Path, step: int) -> int:
     """Cut metrics.jsonl after its last record at or before `step`; returns the bytes kept.
@@ -96,6 +107,7 @@ def truncate_metrics(path: Path, step: int) -> int:
 
 
 # ---------------------------------------------------------------- lock
+
 
 def _alive(pid: int) -> bool:
     try:
@@ -136,8 +148,10 @@ class RunDirLock:
                 self._created = False
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                     raise RunDirError(f"{self.path}: cannot lock the run directory ({exc.strerror})") from None
-                raise RunDirError(f"run directory {self.directory} is in use by {_describe(owner)} "
-                                  f"(lock file {self.path}); wait for it to end or choose another directory") from None
+                raise RunDirError(
+                    f"run directory {self.directory} is in use by {_describe(owner)} "
+                    f"(lock file {self.path}); wait for it to end or choose another directory"
+                ) from None
             # The previous owner may have unlinked the file between our open and flock: lock the file on disk.
             try:
                 same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
@@ -155,8 +169,7 @@ class RunDirLock:
         if owner and pid != me["pid"]:
             dead = isinstance(pid, int) and pid > 0 and owner.get("host") == me["host"] and not _alive(pid)
             gone = "not running" if dead else "its lock is free"
-            return (f"scaletrain: warning: took over the stale lock of {_describe(owner)} in {self.directory} "
-                    f"({gone})")
+            return f"scaletrain: warning: took over the stale lock of {_describe(owner)} in {self.directory} ({gone})"
         return None
 
     def release(self) -> None:
@@ -189,6 +202,7 @@ def _describe(owner: dict) -> str:
 
 
 # ---------------------------------------------------------------- an existing run
+
 
 def holds_run(directory: Path, bench: bool = False, checkpoint_dir: Path | None = None) -> str | None:
     """The first file that shows `directory` already holds a run (config.json alone does not), else None."""
@@ -249,15 +263,23 @@ def is_default_dir(directory: str | Path) -> bool:
     return any(Path(directory) == Path(d) for d in DEFAULT_DIRS)
 
 
-def plan_existing(directory: Path, *, resume: str, overwrite: bool, bench: bool = False,
-                  checkpoint_dir: Path | None = None, flag: str = "--run-dir") -> str:
+def plan_existing(
+    directory: Path,
+    *,
+    resume: str,
+    overwrite: bool,
+    bench: bool = False,
+    checkpoint_dir: Path | None = None,
+    flag: str = "--run-dir",
+) -> str:
     """What to do with `directory` before a run starts: "fresh", "resume", "overwrite" or "move".
 
     Raises RunDirError (one line with the flags to use) for a directory that holds another run.
     """
     if overwrite and resume not in ("", "none"):
-        raise RunDirError(f"--overwrite and --resume {resume}: choose one (--overwrite starts the run again, "
-                          f"--resume continues it)")
+        raise RunDirError(
+            f"--overwrite and --resume {resume}: choose one (--overwrite starts the run again, --resume continues it)"
+        )
     found = holds_run(directory, bench, checkpoint_dir)
     if found is None:
         return "fresh"
@@ -268,8 +290,10 @@ def plan_existing(directory: Path, *, resume: str, overwrite: bool, bench: bool 
     outside = checkpoint_dir is not None and _checkpoint_entries(checkpoint_dir, bench)
     if is_default_dir(directory) and not outside:
         return "move"
-    raise RunDirError(f"{directory} already holds a run ({found}); pass --resume auto to continue it, --overwrite "
-                      f"to replace it, or {flag} DIR for a new one")
+    raise RunDirError(
+        f"{directory} already holds a run ({found}); pass --resume auto to continue it, --overwrite "
+        f"to replace it, or {flag} DIR for a new one"
+    )
 
 
 def apply_plan(directory: Path, action: str, *, bench: bool = False, checkpoint_dir: Path | None = None) -> str | None:
@@ -291,15 +315,24 @@ class RunDirClaim:
     after the caller has validated its inputs, so a bad config or damaged data is reported as such first.
     """
 
-    def __init__(self, directory: str | Path, *, writer: bool, resume: str, overwrite: bool, bench: bool = False,
-                 checkpoint_dir: Path | None = None, flag: str = "--run-dir"):
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        writer: bool,
+        resume: str,
+        overwrite: bool,
+        bench: bool = False,
+        checkpoint_dir: Path | None = None,
+        flag: str = "--run-dir",
+    ):
         self.directory = Path(directory)
         self.writer, self.resume, self.overwrite, self.bench = writer, resume, overwrite, bench
         self.checkpoint_dir, self.flag = checkpoint_dir, flag
         self.lock = RunDirLock(self.directory) if writer else None
         self.action: str | None = None
 
-    def __enter__(self) -> "RunDirClaim":
+    def __enter__(self) -> RunDirClaim:
         error = None
         if self.lock is not None:
             try:
@@ -321,8 +354,14 @@ class RunDirClaim:
         answer: dict[str, Any] = {"error": None, "action": None, "finished": None}
         if self.writer:
             try:
-                answer["action"] = plan_existing(self.directory, resume=self.resume, overwrite=self.overwrite,
-                                                 bench=self.bench, checkpoint_dir=self.checkpoint_dir, flag=self.flag)
+                answer["action"] = plan_existing(
+                    self.directory,
+                    resume=self.resume,
+                    overwrite=self.overwrite,
+                    bench=self.bench,
+                    checkpoint_dir=self.checkpoint_dir,
+                    flag=self.flag,
+                )
                 if answer["action"] == "resume" and self.resume == "auto" and not self.bench:
                     answer["finished"] = finished_result(self.directory)
             except RunDirError as exc:
@@ -342,8 +381,10 @@ class RunDirClaim:
             try:
                 warn(apply_plan(self.directory, self.action, bench=self.bench, checkpoint_dir=self.checkpoint_dir))
             except OSError as exc:
-                error = f"{self.directory}: cannot {'clear' if self.action == 'overwrite' else 'move'} the previous " \
-                        f"run ({exc.strerror or exc}: {getattr(exc, 'filename', '')})"
+                error = (
+                    f"{self.directory}: cannot {'clear' if self.action == 'overwrite' else 'move'} the previous "
+                    f"run ({exc.strerror or exc}: {getattr(exc, 'filename', '')})"
+                )
         error = share(error)
         if error:
             raise RunDirError(error)
@@ -366,6 +407,7 @@ def finished_result(directory: Path) -> dict | None:
 def share(value: Any) -> Any:
     """Rank 0's `value` on every rank (the value itself when not distributed)."""
     import torch.distributed as dist
+
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return value
     box = [value]

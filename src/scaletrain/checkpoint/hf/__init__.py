@@ -16,8 +16,15 @@ from scaletrain.checkpoint.hf.gpt2 import export_gpt2_hf, import_gpt2_hf
 from scaletrain.checkpoint.hf.llama import export_llama_hf, import_llama_hf
 from scaletrain.config import ModelConfig
 
-__all__ = ["export_hf", "import_hf", "export_gpt2_hf", "import_gpt2_hf", "export_llama_hf", "import_llama_hf",
-           "publish_hf_dir"]
+__all__ = [
+    "export_hf",
+    "import_hf",
+    "export_gpt2_hf",
+    "import_gpt2_hf",
+    "export_llama_hf",
+    "import_llama_hf",
+    "publish_hf_dir",
+]
 
 # GPT-2 reading keeps its historical public name; a Llama directory goes through import_llama_hf.
 import_hf = import_gpt2_hf

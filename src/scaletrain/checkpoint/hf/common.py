@@ -40,8 +40,10 @@ def publish_hf_dir(out_dir: Path, config: dict, tensors: dict[str, torch.Tensor]
     Replacing means deleting: only ever replace an empty directory or one that looks like an earlier export.
     """
     from safetensors import torch as st  # optional dependency: only exporting/importing needs it
-    if out_dir.exists() and not (out_dir.is_dir() and ((out_dir / "config.json").is_file()
-                                                       or not any(out_dir.iterdir()))):
+
+    if out_dir.exists() and not (
+        out_dir.is_dir() and ((out_dir / "config.json").is_file() or not any(out_dir.iterdir()))
+    ):
         raise FileExistsError(f"{who}: {out_dir} exists and is not an HF export; refusing to replace it")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
@@ -74,8 +76,9 @@ def check_state_shapes(who: str, sd: dict, expected: dict[str, tuple]) -> None:
     """ValueError (prefixed with `who`) unless `sd` has exactly the keys of `expected`, each with its shape."""
     missing, unexpected = sorted(expected.keys() - sd.keys()), sorted(sd.keys() - expected.keys())
     if missing or unexpected:
-        raise ValueError(f"{who}: state dict does not match the config: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
+        raise ValueError(
+            f"{who}: state dict does not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     for key, shape in expected.items():
         if tuple(sd[key].shape) != shape:
             raise ValueError(f"{who}: {key} has shape {tuple(sd[key].shape)}, config expects {shape}")
@@ -83,7 +86,7 @@ def check_state_shapes(who: str, sd: dict, expected: dict[str, tuple]) -> None:
 
 def vocab_multiple_for(vocab: int, rows: int, recorded) -> int:
     """A vocab_multiple under which `vocab` pads to exactly `rows`: the recorded one, else the largest power of 2."""
-    candidates = ([recorded] if isinstance(recorded, int) and recorded > 0 else []) + [2 ** k for k in range(7, -1, -1)]
+    candidates = ([recorded] if isinstance(recorded, int) and recorded > 0 else []) + [2**k for k in range(7, -1, -1)]
     for m in candidates + [rows]:  # m = rows always works once vocab <= rows
         if math.ceil(vocab / m) * m == rows:
             return m
@@ -109,8 +112,9 @@ def load_tensors(path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
             tensors = torch.load(binary, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ValueError(f"{binary}: refused, holds more than tensors (loaded with weights_only=True): "
-                             f"{first}") from None
+            raise ValueError(
+                f"{binary}: refused, holds more than tensors (loaded with weights_only=True): {first}"
+            ) from None
         if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
             raise ValueError(f"{binary}: not a flat dict of tensors")
         return binary, tensors

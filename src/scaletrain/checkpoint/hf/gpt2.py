@@ -20,12 +20,23 @@ from pathlib import Path
 
 import torch
 
-from scaletrain.checkpoint.hf.common import (check_state_shapes, load_tensors, publish_hf_dir, read_config_json,
-                                             vocab_multiple_for)
+from scaletrain.checkpoint.hf.common import (
+    check_state_shapes,
+    load_tensors,
+    publish_hf_dir,
+    read_config_json,
+    vocab_multiple_for,
+)
 from scaletrain.config import ModelConfig
 
-_BLOCK = {"ln1": "ln_1", "ln2": "ln_2", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj",
-          "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
+_BLOCK = {
+    "ln1": "ln_1",
+    "ln2": "ln_2",
+    "attn.qkv": "attn.c_attn",
+    "attn.proj": "attn.c_proj",
+    "mlp.fc": "mlp.c_fc",
+    "mlp.proj": "mlp.c_proj",
+}
 _TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")  # both are GPT-2's tanh approximation, as our MLP uses
 
 
@@ -34,11 +45,22 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     shapes = {"embed.tok.weight": (v, d), "embed.pos.weight": (cfg.seq_len, d), "ln_f.weight": (d,), "ln_f.bias": (d,)}
     for i in range(cfg.n_layers):
         p = f"blocks.{i}."
-        shapes.update({p + "ln1.weight": (d,), p + "ln1.bias": (d,), p + "ln2.weight": (d,), p + "ln2.bias": (d,),
-                       p + "attn.qkv.weight": (3 * d, d), p + "attn.qkv.bias": (3 * d,),
-                       p + "attn.proj.weight": (d, d), p + "attn.proj.bias": (d,),
-                       p + "mlp.fc.weight": (f, d), p + "mlp.fc.bias": (f,),
-                       p + "mlp.proj.weight": (d, f), p + "mlp.proj.bias": (d,)})
+        shapes.update(
+            {
+                p + "ln1.weight": (d,),
+                p + "ln1.bias": (d,),
+                p + "ln2.weight": (d,),
+                p + "ln2.bias": (d,),
+                p + "attn.qkv.weight": (3 * d, d),
+                p + "attn.qkv.bias": (3 * d,),
+                p + "attn.proj.weight": (d, d),
+                p + "attn.proj.bias": (d,),
+                p + "mlp.fc.weight": (f, d),
+                p + "mlp.fc.bias": (f,),
+                p + "mlp.proj.weight": (d, f),
+                p + "mlp.proj.bias": (d,),
+            }
+        )
     return shapes
 
 
@@ -50,16 +72,35 @@ def _qkv_rows(t: torch.Tensor, n_heads: int, to_hf: bool) -> torch.Tensor:
 
 
 def _hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
-    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.padded_vocab,
-            "n_positions": cfg.seq_len, "n_embd": cfg.d_model, "n_layer": cfg.n_layers, "n_head": cfg.n_heads,
-            "n_inner": cfg.d_ff or None, "activation_function": "gelu_new", "layer_norm_epsilon": cfg.ln_eps,
-            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "initializer_range": cfg.init_std,
-            "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
-            "add_cross_attention": False, "tie_word_embeddings": True, "use_cache": True,
-            # No tokenizer travels with the weights, so there are no special token ids to claim.
-            "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
-            "dtype": str(dtype).removeprefix("torch."),
-            "scaletrain_vocab_size": cfg.vocab_size, "scaletrain_vocab_multiple": cfg.vocab_multiple}
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": cfg.padded_vocab,
+        "n_positions": cfg.seq_len,
+        "n_embd": cfg.d_model,
+        "n_layer": cfg.n_layers,
+        "n_head": cfg.n_heads,
+        "n_inner": cfg.d_ff or None,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": cfg.ln_eps,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "initializer_range": cfg.init_std,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "add_cross_attention": False,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        # No tokenizer travels with the weights, so there are no special token ids to claim.
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
+        "dtype": str(dtype).removeprefix("torch."),
+        "scaletrain_vocab_size": cfg.vocab_size,
+        "scaletrain_vocab_multiple": cfg.vocab_multiple,
+    }
 
 
 def export_gpt2_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dtype=torch.float32) -> Path:
@@ -115,11 +156,13 @@ def import_gpt2_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """
     path = Path(path)
     cfg_file, hf = read_config_json(path)
-    problems = {"model_type": (hf.get("model_type"), ("gpt2",)),
-                "activation_function": (hf.get("activation_function", "gelu_new"), _TANH_GELUS),
-                "scale_attn_weights": (hf.get("scale_attn_weights", True), (True,)),
-                "scale_attn_by_inverse_layer_idx": (hf.get("scale_attn_by_inverse_layer_idx", False), (False,)),
-                "add_cross_attention": (hf.get("add_cross_attention", False), (False,))}
+    problems = {
+        "model_type": (hf.get("model_type"), ("gpt2",)),
+        "activation_function": (hf.get("activation_function", "gelu_new"), _TANH_GELUS),
+        "scale_attn_weights": (hf.get("scale_attn_weights", True), (True,)),
+        "scale_attn_by_inverse_layer_idx": (hf.get("scale_attn_by_inverse_layer_idx", False), (False,)),
+        "add_cross_attention": (hf.get("add_cross_attention", False), (False,)),
+    }
     for key, (value, allowed) in problems.items():
         if value not in allowed:
             raise ValueError(f"{cfg_file}: {key}={value!r} is not supported (need {' or '.join(map(repr, allowed))})")
@@ -133,16 +176,23 @@ def import_gpt2_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     vocab = int(hf.get("scaletrain_vocab_size", rows))
     if not 0 < vocab <= rows:
         raise ValueError(f"{cfg_file}: scaletrain_vocab_size={vocab} does not fit vocab_size={rows}")
-    cfg = ModelConfig(n_layers=n_layers, d_model=d, n_heads=n_heads, d_ff=int(hf.get("n_inner") or 0),
-                      seq_len=seq_len, vocab_size=vocab,
-                      vocab_multiple=vocab_multiple_for(vocab, rows, hf.get("scaletrain_vocab_multiple")),
-                      ln_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
-                      init_std=float(hf.get("initializer_range", ModelConfig.init_std)))
+    cfg = ModelConfig(
+        n_layers=n_layers,
+        d_model=d,
+        n_heads=n_heads,
+        d_ff=int(hf.get("n_inner") or 0),
+        seq_len=seq_len,
+        vocab_size=vocab,
+        vocab_multiple=vocab_multiple_for(vocab, rows, hf.get("scaletrain_vocab_multiple")),
+        ln_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+        init_std=float(hf.get("initializer_range", ModelConfig.init_std)),
+    )
 
     source, raw = load_tensors(path)
     # Original OpenAI-converted files have no "transformer." prefix and carry the causal-mask buffers.
-    tensors = {k.removeprefix("transformer."): v for k, v in raw.items()
-               if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+    tensors = {
+        k.removeprefix("transformer."): v for k, v in raw.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))
+    }
     lm_head = tensors.pop("lm_head.weight", None)
     if lm_head is not None and not torch.equal(lm_head, tensors.get("wte.weight", lm_head)):
         raise ValueError(f"{source}: lm_head.weight differs from wte.weight; scaletrain needs a tied output layer")

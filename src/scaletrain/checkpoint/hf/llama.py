@@ -19,29 +19,38 @@ from pathlib import Path
 
 import torch
 
-from scaletrain.checkpoint.hf.common import (check_state_shapes, load_tensors, publish_hf_dir, read_config_json,
-                                             vocab_multiple_for)
+from scaletrain.checkpoint.hf.common import (
+    check_state_shapes,
+    load_tensors,
+    publish_hf_dir,
+    read_config_json,
+    vocab_multiple_for,
+)
 from scaletrain.config import ModelConfig
 from scaletrain.model.llama import ROPE_THETA
 
 # Ours -> HF, per block, for the weights that need no conversion.
-_PLAIN = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm", "attn.proj": "self_attn.o_proj",
-          "mlp.proj": "mlp.down_proj"}
+_PLAIN = {
+    "ln1": "input_layernorm",
+    "ln2": "post_attention_layernorm",
+    "attn.proj": "self_attn.o_proj",
+    "mlp.proj": "mlp.down_proj",
+}
 
 
 def split_qkv(w: torch.Tensor, n_heads: int, n_kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Our fused qkv weight [(kv, r+2, hd), d] -> HF (q_proj [n_heads*hd, d], k_proj, v_proj [n_kv*hd, d])."""
     r = n_heads // n_kv
     g = w.reshape(n_kv, r + 2, -1, w.shape[-1])
-    return (g[:, :r].reshape(-1, w.shape[-1]), g[:, r].reshape(-1, w.shape[-1]),
-            g[:, r + 1].reshape(-1, w.shape[-1]))
+    return (g[:, :r].reshape(-1, w.shape[-1]), g[:, r].reshape(-1, w.shape[-1]), g[:, r + 1].reshape(-1, w.shape[-1]))
 
 
 def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_kv: int) -> torch.Tensor:
     """Inverse of `split_qkv`: HF q/k/v projections -> our grouped fused qkv weight."""
     d = q.shape[-1]
-    g = torch.cat([q.reshape(n_kv, -1, k.shape[0] // n_kv, d), k.reshape(n_kv, 1, -1, d),
-                   v.reshape(n_kv, 1, -1, d)], dim=1)
+    g = torch.cat(
+        [q.reshape(n_kv, -1, k.shape[0] // n_kv, d), k.reshape(n_kv, 1, -1, d), v.reshape(n_kv, 1, -1, d)], dim=1
+    )
     return g.reshape(-1, d)
 
 
@@ -52,26 +61,50 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     shapes = {"embed.tok.weight": (v, d), "ln_f.weight": (d,), "head.weight": (v, d)}
     for i in range(cfg.n_layers):
         p = f"blocks.{i}."
-        shapes.update({p + "ln1.weight": (d,), p + "ln2.weight": (d,),
-                       p + "attn.qkv.weight": ((cfg.n_heads + 2 * cfg.kv_heads) * hd, d),
-                       p + "attn.proj.weight": (d, d),
-                       p + "mlp.fc.weight": (2 * f, d), p + "mlp.proj.weight": (d, f)})
+        shapes.update(
+            {
+                p + "ln1.weight": (d,),
+                p + "ln2.weight": (d,),
+                p + "attn.qkv.weight": ((cfg.n_heads + 2 * cfg.kv_heads) * hd, d),
+                p + "attn.proj.weight": (d, d),
+                p + "mlp.fc.weight": (2 * f, d),
+                p + "mlp.proj.weight": (d, f),
+            }
+        )
     return shapes
 
 
 def _hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.padded_vocab,
-            "hidden_size": cfg.d_model, "intermediate_size": cfg.ffn_size, "num_hidden_layers": cfg.n_layers,
-            "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.kv_heads,
-            "head_dim": cfg.d_model // cfg.n_heads, "max_position_embeddings": cfg.seq_len,
-            "rms_norm_eps": cfg.ln_eps, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
-            "attention_dropout": 0.0, "tie_word_embeddings": False, "initializer_range": cfg.init_std,
-            # transformers 4.x reads rope_theta/rope_scaling, 5.x rope_parameters; write both.
-            "rope_theta": ROPE_THETA, "rope_scaling": None,
-            "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
-            "bos_token_id": None, "eos_token_id": None, "pad_token_id": None, "use_cache": True,
-            "dtype": str(dtype).removeprefix("torch."),
-            "scaletrain_vocab_size": cfg.vocab_size, "scaletrain_vocab_multiple": cfg.vocab_multiple}
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": cfg.padded_vocab,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.ffn_size,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.kv_heads,
+        "head_dim": cfg.d_model // cfg.n_heads,
+        "max_position_embeddings": cfg.seq_len,
+        "rms_norm_eps": cfg.ln_eps,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+        "initializer_range": cfg.init_std,
+        # transformers 4.x reads rope_theta/rope_scaling, 5.x rope_parameters; write both.
+        "rope_theta": ROPE_THETA,
+        "rope_scaling": None,
+        "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
+        "use_cache": True,
+        "dtype": str(dtype).removeprefix("torch."),
+        "scaletrain_vocab_size": cfg.vocab_size,
+        "scaletrain_vocab_multiple": cfg.vocab_multiple,
+    }
 
 
 def export_llama_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dtype=torch.float32) -> Path:
@@ -132,23 +165,37 @@ def import_llama_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         raise ValueError(f"{cfg_file}: missing {e.args[0]!r}") from None
     n_kv = int(hf.get("num_key_value_heads") or n_heads)
     theta, scaling = _rope_theta(hf)
-    checks = [(hf.get("model_type") == "llama", f"model_type={hf.get('model_type')!r} (need 'llama')"),
-              (hf.get("hidden_act", "silu") == "silu", f"hidden_act={hf.get('hidden_act')!r} (need 'silu')"),
-              (not hf.get("attention_bias") and not hf.get("mlp_bias"), "attention_bias/mlp_bias (need none)"),
-              (theta == ROPE_THETA and scaling is None, f"rotary theta {theta}, scaling {scaling!r} "
-                                                        f"(need theta {ROPE_THETA}, no scaling)"),
-              (d % n_heads == 0 and int(hf.get("head_dim") or d // n_heads) == d // n_heads,
-               f"head_dim={hf.get('head_dim')} (need hidden_size/num_attention_heads)"),
-              (n_heads % n_kv == 0, f"num_key_value_heads={n_kv} does not divide num_attention_heads={n_heads}")]
+    checks = [
+        (hf.get("model_type") == "llama", f"model_type={hf.get('model_type')!r} (need 'llama')"),
+        (hf.get("hidden_act", "silu") == "silu", f"hidden_act={hf.get('hidden_act')!r} (need 'silu')"),
+        (not hf.get("attention_bias") and not hf.get("mlp_bias"), "attention_bias/mlp_bias (need none)"),
+        (
+            theta == ROPE_THETA and scaling is None,
+            f"rotary theta {theta}, scaling {scaling!r} (need theta {ROPE_THETA}, no scaling)",
+        ),
+        (
+            d % n_heads == 0 and int(hf.get("head_dim") or d // n_heads) == d // n_heads,
+            f"head_dim={hf.get('head_dim')} (need hidden_size/num_attention_heads)",
+        ),
+        (n_heads % n_kv == 0, f"num_key_value_heads={n_kv} does not divide num_attention_heads={n_heads}"),
+    ]
     for ok, what in checks:
         if not ok:
             raise ValueError(f"{cfg_file}: {what} is not supported")
     vocab = int(hf.get("scaletrain_vocab_size", rows))
-    cfg = ModelConfig(arch="llama", n_layers=n_layers, d_model=d, n_heads=n_heads, n_kv_heads=n_kv, d_ff=f,
-                      seq_len=int(hf.get("max_position_embeddings", 2048)), vocab_size=vocab,
-                      vocab_multiple=vocab_multiple_for(vocab, rows, hf.get("scaletrain_vocab_multiple")),
-                      ln_eps=float(hf.get("rms_norm_eps", 1e-6)),
-                      init_std=float(hf.get("initializer_range", 0.02)))
+    cfg = ModelConfig(
+        arch="llama",
+        n_layers=n_layers,
+        d_model=d,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        d_ff=f,
+        seq_len=int(hf.get("max_position_embeddings", 2048)),
+        vocab_size=vocab,
+        vocab_multiple=vocab_multiple_for(vocab, rows, hf.get("scaletrain_vocab_multiple")),
+        ln_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        init_std=float(hf.get("initializer_range", 0.02)),
+    )
     source, tensors = load_tensors(path)
     tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}  # old saves carry it
     if "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
@@ -167,8 +214,10 @@ def import_llama_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
             sd[f"{ours}{a}.weight"] = take(f"{hf_p}{b}.weight")
         q, k, v = (take(f"{hf_p}self_attn.{n}_proj.weight") for n in "qkv")
         if k.shape != v.shape or q.shape[0] != n_heads * (k.shape[0] // n_kv):
-            raise ValueError(f"{source}: layer {i} q/k/v shapes {tuple(q.shape)}/{tuple(k.shape)}/{tuple(v.shape)} "
-                             f"do not fit {n_heads} heads, {n_kv} kv heads")
+            raise ValueError(
+                f"{source}: layer {i} q/k/v shapes {tuple(q.shape)}/{tuple(k.shape)}/{tuple(v.shape)} "
+                f"do not fit {n_heads} heads, {n_kv} kv heads"
+            )
         sd[ours + "attn.qkv.weight"] = fuse_qkv(q, k, v, n_kv)
         gate, up = take(f"{hf_p}mlp.gate_proj.weight"), take(f"{hf_p}mlp.up_proj.weight")
         if gate.shape != up.shape:
