@@ -7,25 +7,38 @@ for everything a run does.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import json
 import math
 import os
-import sys
-from dataclasses import dataclass, field, fields
-from importlib import resources
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from scaletrain import benchmarks
+from scaletrain import config_io as _io
+from scaletrain.config_io import ConfigError, list_presets, parse_override, preset_dict
 
-
-class ConfigError(ValueError):
-    """A configuration value, preset or override is wrong; the message names the field."""
+# Re-exported: callers import these from scaletrain.config (config_io holds the TOML machinery).
+__all__ = [
+    "Config",
+    "ConfigError",
+    "ModelConfig",
+    "LoraConfig",
+    "DataConfig",
+    "OptimConfig",
+    "TrainConfig",
+    "ParallelConfig",
+    "CheckpointConfig",
+    "BenchConfig",
+    "resolve",
+    "from_dict",
+    "describe",
+    "list_presets",
+    "preset_dict",
+    "parse_override",
+    "default_data_dir",
+]
 
 
 @dataclass
@@ -273,18 +286,8 @@ class Config:
         return self
 
 
-def _nonfinite(section: Any, prefix: str = ""):
-    """Every float field that is NaN or infinite: NaN passes every `<= 0` range check below, so catch it first."""
-    for f in fields(section):
-        value = getattr(section, f.name)
-        if dataclasses.is_dataclass(value):
-            yield from _nonfinite(value, f"{prefix}{f.name}.")
-        elif isinstance(value, float) and not math.isfinite(value):
-            yield f"{prefix}{f.name}={value}: must be a finite number"
-
-
 def _problems(c: Config):
-    yield from _nonfinite(c)  # no float field documents inf as meaningful
+    yield from _io.nonfinite(c)  # no float field documents inf as meaningful
     m, t, o, b = c.model, c.train, c.optim, c.bench
     if m.arch not in ARCHS:
         yield f"model.arch={m.arch!r}: must be one of {list(ARCHS)}"
@@ -346,8 +349,8 @@ def _problems(c: Config):
             yield f"optim.{name}={getattr(o, name)}: must be in [0, 1)"
     if o.eps <= 0 or o.weight_decay < 0 or o.grad_clip < 0:
         yield "optim.eps must be > 0, optim.weight_decay and optim.grad_clip >= 0"
-    if b.benchmark not in BENCHMARKS:
-        yield f"bench.benchmark={b.benchmark!r}: must be one of {sorted(BENCHMARKS)}"
+    if b.benchmark not in benchmarks.names():
+        yield f"bench.benchmark={b.benchmark!r}: must be one of {sorted(benchmarks.names())}"
     if b.runs <= 0:
         yield f"bench.runs={b.runs}: must be > 0"
     p = c.parallel
@@ -367,111 +370,9 @@ def _problems(c: Config):
         yield f"parallel.activation_checkpoint={p.activation_checkpoint!r}: must be 'none', 'full' or 'selective'"
 
 
-BENCHMARKS = ("gpt3", "gpt3-proxy", "llama2_70b_lora", "llama2_70b_lora-proxy")
 ARCHS = ("gpt3", "llama")
 LORA_TARGETS = ("qkv", "proj", "fc1", "fc2")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
-
-
-# ---------------------------------------------------------------- presets and overrides
-
-
-def list_presets() -> list[str]:
-    """Names of the TOML presets shipped in the package."""
-    files = resources.files("scaletrain.presets").iterdir()
-    return sorted(p.name[:-5] for p in files if p.name.endswith(".toml"))
-
-
-def _load_toml(text: str, where: str) -> dict[str, Any]:
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{where}: not valid TOML: {exc}") from None
-
-
-def preset_dict(name: str) -> dict[str, Any]:
-    """The raw TOML table of preset `name`."""
-    if name not in list_presets():
-        raise ConfigError(f"unknown preset {name!r}; available: {', '.join(list_presets())}")
-    text = resources.files("scaletrain.presets").joinpath(f"{name}.toml").read_text()
-    return _load_toml(text, f"preset {name}")
-
-
-def _merge(cfg: Any, table: dict[str, Any], where: str, prefix: str = "") -> None:
-    known = {f.name: f for f in fields(cfg)}
-    for key, value in table.items():
-        path = f"{prefix}{key}"
-        if key not in known:
-            raise ConfigError(f"{where}: unknown field {path!r}; known: {', '.join(known)}")
-        current = getattr(cfg, key)
-        if dataclasses.is_dataclass(current):
-            if not isinstance(value, dict):
-                raise ConfigError(f"{where}: {path!r} is a section, got {value!r}")
-            _merge(current, value, where, path + ".")
-        else:
-            setattr(cfg, key, _coerce(value, current, path, where))
-
-
-def _coerce(value: Any, current: Any, path: str, where: str) -> Any:
-    kind = type(current)
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-    elif kind is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(float(value)) if float(value).is_integer() else _bad(path, value, kind, where)
-            except ValueError:
-                pass
-    elif kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif kind is str:
-        return str(value)
-    elif kind is list:
-        if isinstance(value, list):
-            return [str(v) for v in value]
-        if isinstance(value, str):
-            # --set lora.targets=qkv,proj
-            return [v.strip() for v in value.strip("[]").replace("'", "").replace('"', "").split(",") if v.strip()]
-    return _bad(path, value, kind, where)
-
-
-def _bad(path: str, value: Any, kind: type, where: str):
-    raise ConfigError(f"{where}: {path}={value!r} is not a valid {kind.__name__}")
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """Split 'a.b=c' into ('a.b', c) with c read as a Python/TOML literal when possible."""
-    if "=" not in text:
-        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. train.seed=7")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    if not key:
-        raise ConfigError(f"--set {text!r}: empty key")
-    try:
-        value = ast.literal_eval(raw.strip())
-    except (ValueError, SyntaxError):
-        value = raw.strip()
-    return key, value
-
-
-def _nest(key: str, value: Any) -> dict[str, Any]:
-    out: dict[str, Any] = value
-    for part in reversed(key.split(".")):
-        out = {part: out}
-    return out
 
 
 def resolve(
@@ -480,61 +381,31 @@ def resolve(
     """Build the one Config of a run: preset, then a TOML file, then --set overrides, then validate."""
     cfg = Config(preset=preset)
     if preset:
-        _merge(cfg, preset_dict(preset), f"preset {preset}")
+        _io.merge(cfg, preset_dict(preset), f"preset {preset}")
     if config_file:
         path = Path(config_file)
         if not path.is_file():
             raise ConfigError(f"--config {config_file}: no such file")
-        _merge(cfg, _load_toml(path.read_text(), str(path)), str(path))
+        _io.merge(cfg, _io.load_toml(path.read_text(), str(path)), str(path))
     for text in overrides:
         key, value = parse_override(text)
-        _merge(cfg, _nest(key, value), f"--set {text}")
+        _io.merge(cfg, _io.nest(key, value), f"--set {text}")
     return cfg.validate()
 
 
 def from_dict(table: dict[str, Any]) -> Config:
     """Rebuild a Config from config.json's dict (what `save` wrote)."""
     cfg = Config()
-    _merge(cfg, table, "config.json")
+    _io.merge(cfg, table, "config.json")
     return cfg.validate()
 
 
 def describe(cls: type = Config, prefix: str = "", values: Any = None) -> list[tuple[str, str, str]]:
-    """(dotted name, value, docstring) for every field, read from the field docstrings in this file.
+    """(dotted name, value, docstring) for every field of `cls` (default: Config), read from the field docstrings.
 
     The value is the dataclass default, or the field's value in `values` (a resolved Config) when given.
     """
-    docs = _field_docs(cls)
-    rows = []
-    for f in fields(cls):
-        if values is not None:
-            value = getattr(values, f.name)
-        else:
-            value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        if dataclasses.is_dataclass(value):
-            rows.extend(describe(type(value), f"{prefix}{f.name}.", value if values is not None else None))
-        else:
-            rows.append((f"{prefix}{f.name}", repr(value), docs.get(f.name, "")))
-    return rows
-
-
-def _field_docs(cls: type) -> dict[str, str]:
-    import inspect
-    import textwrap
-
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
-    docs = {}
-    for prev, node in zip(body, body[1:]):
-        if (
-            isinstance(prev, ast.AnnAssign)
-            and isinstance(prev.target, ast.Name)
-            and isinstance(node, ast.Expr)
-            and isinstance(node.value, ast.Constant)
-            and isinstance(node.value.value, str)
-        ):
-            docs[prev.target.id] = node.value.value
-    return docs
+    return _io.describe(cls, prefix, values)
 
 
 def default_data_dir(cfg: DataConfig) -> Path:

@@ -1,0 +1,183 @@
+"""The MLPerf benchmarks scaletrain knows, one `BenchmarkSpec` each: the only table keyed by benchmark name.
+
+Config validation, the harness's rules and scoring, the compliance checker, the CLI's preset choice and the
+simulator's convergence arithmetic all look a benchmark up here, so adding one is one entry in `BENCHMARKS` (plus
+its preset TOMLs, its proxy rules YAML in bench/rules/, and its bundled results CSV in sim/data/).
+
+Every benchmark has a CPU proxy named "<name>-proxy": it follows the official benchmark's event protocol and
+counting, with its own preset and rules file. Layer 0: stdlib only, imports nothing from scaletrain, so the
+torch-free simulator and `config` can both read it. Numbers the installed `mlperf-logging` package holds (RCP
+tables, the submission_benchmark constant) are read from the package where they are used; the entries here name
+where to find them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "BenchmarkSpec",
+    "BENCHMARKS",
+    "PROXY_SUFFIX",
+    "get",
+    "is_proxy",
+    "names",
+    "preset_for",
+    "for_preset",
+    "for_model",
+    "choices_text",
+]
+
+PROXY_SUFFIX = "-proxy"
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    """Everything about one MLPerf Training benchmark that code outside its closed-division checks needs."""
+
+    name: str
+    """Official benchmark name: bench.benchmark value, RCP file stem (rcps_<name>.json), results CSV `benchmark`."""
+    mllog_constant: str
+    """Attribute of `mlperf_logging.mllog.constants` holding the submission_benchmark value to log."""
+    ruleset: str
+    """Compliance-checker ruleset (`--ruleset`) and RCP table version its logs are judged by."""
+    proxy_rules_file: str
+    """Rules file of the "<name>-proxy" variant, in the package folder scaletrain/bench/rules/."""
+    reference_preset: str
+    """Preset with the closed-division model and hyperparameters (`bench --benchmark NAME`, `predict --model NAME`)."""
+    proxy_preset: str
+    """Preset of the CPU proxy ("<name>-proxy")."""
+    arch: str
+    """model.arch the benchmark trains."""
+    seq_len: int
+    """Tokens per training sequence."""
+    eval_every_sequences: int
+    """Training sequences between evaluations: every ceil(this / GBS) steps."""
+    eval_tokens: int
+    """Tokens in one evaluation pass (the simulator prices evaluations with it)."""
+    target: float
+    """Closed-division target quality: the evaluation loss (log perplexity) a run must reach."""
+    runs: int
+    """Runs per submission, scored by the olympic mean (mlperf_logging benchmark_meta.py)."""
+    converge_unit: str
+    """"tokens" or "samples": what the RCP tables, the results files and MLLOG's block/eval metadata count."""
+    rcp_key: str
+    """Field holding the converge list in the package's RCP JSON (rcp_checker/training_<ruleset>/rcps_<name>.json)."""
+    lora: bool
+    """LoRA fine-tuning protocol: samples_count metadata, the LoRA init hyperparameters, skipped first evaluations."""
+    eval_skip_gbs_divisor: int
+    """Evaluations not run at the start: floor(GBS / this) + eval_skip_offset; 0 = none skipped."""
+    eval_skip_offset: int
+    """See eval_skip_gbs_divisor."""
+    calibration_file: str
+    """Published results bundled in scaletrain/sim/data/ (calibration and `sim validate`)."""
+    default_gbs: int
+    """Global batch size `predict`/`sim` use when --gbs is not given."""
+    plot_gpu_counts: tuple[int, ...]
+    """GPU counts on the x axis of `sim plot`."""
+    proxy_needs_base: bool
+    """The proxy fine-tunes a pretrained base that `bench` builds once when checkpoint.init_from is empty."""
+
+    def skipped_evals(self, gbs: int) -> int:
+        """Evaluations not run (nor logged) at the start of a run at global batch size `gbs`."""
+        if not self.eval_skip_gbs_divisor:
+            return 0
+        return gbs // self.eval_skip_gbs_divisor + self.eval_skip_offset
+
+    @property
+    def proxy_name(self) -> str:
+        """bench.benchmark value of the CPU proxy."""
+        return self.name + PROXY_SUFFIX
+
+
+GPT3 = BenchmarkSpec(
+    name="gpt3",
+    mllog_constant="GPT3",
+    ruleset="4.1.0",  # gpt3 rules exist only in rulesets 3.0.0-4.1.0
+    proxy_rules_file="gpt3_proxy.yaml",
+    reference_preset="gpt3-175b",
+    proxy_preset="gpt3-proxy",
+    arch="gpt3",
+    seq_len=2048,
+    eval_every_sequences=24_576,
+    eval_tokens=11_590_004,  # the validation subset's label tokens, as the reference logs eval_samples
+    target=2.69,
+    runs=3,
+    converge_unit="tokens",
+    rcp_key="Epochs to converge",
+    lora=False,
+    eval_skip_gbs_divisor=0,
+    eval_skip_offset=0,
+    calibration_file="mlperf_gpt3_calibration.csv",
+    default_gbs=2048,
+    plot_gpu_counts=(64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
+    proxy_needs_base=False,
+)
+
+LLAMA2_70B_LORA = BenchmarkSpec(
+    name="llama2_70b_lora",
+    mllog_constant="LLAMA2_70B_LORA",
+    ruleset="4.1.0",
+    proxy_rules_file="llama2_70b_lora_proxy.yaml",
+    reference_preset="llama2-70b-lora",
+    proxy_preset="llama2-70b-lora-proxy",
+    arch="llama",
+    seq_len=8192,
+    eval_every_sequences=384,
+    eval_tokens=173 * 8192,  # GovReport's 173 validation sequences, packed to 8192 tokens
+    target=0.925,
+    runs=10,
+    converge_unit="samples",
+    rcp_key="samples to converge",
+    lora=True,
+    # training_rules.adoc v4.1: "Skipping first FLOOR(0.125*global_batch_size+2) evaluations" = GBS // 8 + 2.
+    eval_skip_gbs_divisor=8,
+    eval_skip_offset=2,
+    calibration_file="mlperf_llama2_lora_calibration.csv",
+    default_gbs=8,
+    plot_gpu_counts=(8, 16, 32, 64, 128, 256, 512, 1024),
+    proxy_needs_base=True,
+)
+
+BENCHMARKS: dict[str, BenchmarkSpec] = {b.name: b for b in (GPT3, LLAMA2_70B_LORA)}
+"""Official name -> spec. Read at call time everywhere (never copied at import), so a test can add an entry."""
+
+
+def is_proxy(name: str) -> bool:
+    """True for "<official name>-proxy" of a registered benchmark."""
+    return name.endswith(PROXY_SUFFIX) and name.removesuffix(PROXY_SUFFIX) in BENCHMARKS
+
+
+def get(name: str) -> BenchmarkSpec:
+    """The spec of an official benchmark or of its proxy; ValueError naming the known ones otherwise."""
+    spec = BENCHMARKS.get(name.removesuffix(PROXY_SUFFIX) if is_proxy(name) else name)
+    if spec is None:
+        raise ValueError(f"unknown benchmark {name!r} (known: {', '.join(names())})")
+    return spec
+
+
+def names() -> tuple[str, ...]:
+    """Every bench.benchmark value: each official benchmark followed by its proxy, in registry order."""
+    return tuple(n for b in BENCHMARKS.values() for n in (b.name, b.proxy_name))
+
+
+def preset_for(name: str) -> str:
+    """The preset a benchmark (or proxy) runs when none is given."""
+    spec = get(name)
+    return spec.proxy_preset if is_proxy(name) else spec.reference_preset
+
+
+def for_preset(preset: str) -> BenchmarkSpec | None:
+    """The benchmark whose reference preset is `preset`, or None (a preset that is no MLPerf benchmark)."""
+    return next((b for b in BENCHMARKS.values() if b.reference_preset == preset), None)
+
+
+def for_model(model: str) -> BenchmarkSpec | None:
+    """The benchmark `predict --model` means: an official name or a reference preset; None for other presets."""
+    return BENCHMARKS.get(model) or for_preset(model)
+
+
+def choices_text(items, last: str = "or") -> str:
+    """'a, b, c or d' for help and error texts."""
+    items = list(items)
+    return ", ".join(items[:-1]) + f" {last} " + items[-1] if len(items) > 1 else "".join(items)

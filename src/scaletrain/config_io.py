@@ -1,0 +1,175 @@
+"""Reading configuration dataclasses from TOML: presets, files, --set overrides, field docstrings.
+
+Generic over any tree of dataclasses, so it knows nothing of `Config`'s fields; `scaletrain.config` builds the one
+Config with it and re-exports what callers use (`list_presets`, `parse_override`, `ConfigError`). Stdlib only.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import math
+import sys
+from dataclasses import fields
+from importlib import resources
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A configuration value, preset or override is wrong; the message names the field."""
+
+
+def list_presets() -> list[str]:
+    """Names of the TOML presets shipped in the package."""
+    files = resources.files("scaletrain.presets").iterdir()
+    return sorted(p.name[:-5] for p in files if p.name.endswith(".toml"))
+
+
+def load_toml(text: str, where: str) -> dict[str, Any]:
+    """The table of TOML `text`; ConfigError naming `where` when it does not parse."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+
+
+def preset_dict(name: str) -> dict[str, Any]:
+    """The raw TOML table of preset `name`."""
+    if name not in list_presets():
+        raise ConfigError(f"unknown preset {name!r}; available: {', '.join(list_presets())}")
+    text = resources.files("scaletrain.presets").joinpath(f"{name}.toml").read_text()
+    return load_toml(text, f"preset {name}")
+
+
+def merge(cfg: Any, table: dict[str, Any], where: str, prefix: str = "") -> None:
+    """Set the fields of dataclass `cfg` named in `table` (nested tables: sections); ConfigError on an unknown
+    field or a value of the wrong type, naming `where`."""
+    known = {f.name: f for f in fields(cfg)}
+    for key, value in table.items():
+        path = f"{prefix}{key}"
+        if key not in known:
+            raise ConfigError(f"{where}: unknown field {path!r}; known: {', '.join(known)}")
+        current = getattr(cfg, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: {path!r} is a section, got {value!r}")
+            merge(current, value, where, path + ".")
+        else:
+            setattr(cfg, key, _coerce(value, current, path, where))
+
+
+def _coerce(value: Any, current: Any, path: str, where: str) -> Any:
+    kind = type(current)
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(float(value)) if float(value).is_integer() else _bad(path, value, kind, where)
+            except ValueError:
+                pass
+    elif kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif kind is str:
+        return str(value)
+    elif kind is list:
+        if isinstance(value, list):
+            return [str(v) for v in value]
+        if isinstance(value, str):
+            # --set lora.targets=qkv,proj
+            return [v.strip() for v in value.strip("[]").replace("'", "").replace('"', "").split(",") if v.strip()]
+    return _bad(path, value, kind, where)
+
+
+def _bad(path: str, value: Any, kind: type, where: str):
+    raise ConfigError(f"{where}: {path}={value!r} is not a valid {kind.__name__}")
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split 'a.b=c' into ('a.b', c) with c read as a Python/TOML literal when possible."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. train.seed=7")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"--set {text!r}: empty key")
+    try:
+        value = ast.literal_eval(raw.strip())
+    except (ValueError, SyntaxError):
+        value = raw.strip()
+    return key, value
+
+
+def nest(key: str, value: Any) -> dict[str, Any]:
+    """{"a": {"b": value}} for key "a.b"."""
+    out: dict[str, Any] = value
+    for part in reversed(key.split(".")):
+        out = {part: out}
+    return out
+
+
+def describe(cls: type, prefix: str = "", values: Any = None) -> list[tuple[str, str, str]]:
+    """(dotted name, value, docstring) for every field, read from the field docstrings in the source of `cls`.
+
+    The value is the dataclass default, or the field's value in `values` (a resolved Config) when given.
+    """
+    docs = field_docs(cls)
+    rows = []
+    for f in fields(cls):
+        if values is not None:
+            value = getattr(values, f.name)
+        else:
+            value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(value):
+            rows.extend(describe(type(value), f"{prefix}{f.name}.", value if values is not None else None))
+        else:
+            rows.append((f"{prefix}{f.name}", repr(value), docs.get(f.name, "")))
+    return rows
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Field name -> the string literal under its annotation in the class body."""
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for prev, node in zip(body, body[1:]):
+        if (
+            isinstance(prev, ast.AnnAssign)
+            and isinstance(prev.target, ast.Name)
+            and isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            docs[prev.target.id] = node.value.value
+    return docs
+
+
+def nonfinite(section: Any, prefix: str = ""):
+    """Every float field that is NaN or infinite: NaN passes every `<= 0` range check below, so catch it first."""
+    for f in fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from nonfinite(value, f"{prefix}{f.name}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            yield f"{prefix}{f.name}={value}: must be a finite number"
