@@ -19,6 +19,7 @@ __all__ = [
     "BenchmarkSpec",
     "BENCHMARKS",
     "PROXY_SUFFIX",
+    "DEFAULT_RULESET",
     "get",
     "is_proxy",
     "names",
@@ -29,6 +30,9 @@ __all__ = [
 ]
 
 PROXY_SUFFIX = "-proxy"
+DEFAULT_RULESET = "4.1.0"
+"""mlperf-logging ruleset (and RCP table version) the registered benchmarks use; gpt3 rules exist only in
+rulesets 3.0.0-4.1.0, and the package's default (newer) ruleset crashes on gpt3 logs."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,7 @@ class BenchmarkSpec:
 GPT3 = BenchmarkSpec(
     name="gpt3",
     mllog_constant="GPT3",
-    ruleset="4.1.0",  # gpt3 rules exist only in rulesets 3.0.0-4.1.0
+    ruleset=DEFAULT_RULESET,
     proxy_rules_file="gpt3_proxy.yaml",
     reference_preset="gpt3-175b",
     proxy_preset="gpt3-proxy",
@@ -117,7 +121,7 @@ GPT3 = BenchmarkSpec(
 LLAMA2_70B_LORA = BenchmarkSpec(
     name="llama2_70b_lora",
     mllog_constant="LLAMA2_70B_LORA",
-    ruleset="4.1.0",
+    ruleset=DEFAULT_RULESET,
     proxy_rules_file="llama2_70b_lora_proxy.yaml",
     reference_preset="llama2-70b-lora",
     proxy_preset="llama2-70b-lora-proxy",

@@ -11,16 +11,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from scaletrain import benchmarks
 from scaletrain.config import Config, ConfigError, describe, list_presets, resolve
 
 DEFAULT_PRESET = "gpt3-proxy"
-# `bench --benchmark NAME` without --preset runs that benchmark's preset.
-BENCHMARK_PRESETS = {
-    "gpt3": "gpt3-175b",
-    "gpt3-proxy": "gpt3-proxy",
-    "llama2_70b_lora": "llama2-70b-lora",
-    "llama2_70b_lora-proxy": "llama2-70b-lora-proxy",
-}
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -112,16 +106,17 @@ def cmd_bench(args) -> int:
     from scaletrain.train.run import bench, bench_exit_code
 
     if args.benchmark:
-        if args.benchmark not in BENCHMARK_PRESETS:
-            raise ConfigError(f"--benchmark {args.benchmark}: must be one of {', '.join(BENCHMARK_PRESETS)}")
-        if args.preset == DEFAULT_PRESET:
-            args.preset = BENCHMARK_PRESETS[args.benchmark]
+        if args.benchmark not in benchmarks.names():
+            raise ConfigError(f"--benchmark {args.benchmark}: must be one of {', '.join(benchmarks.names())}")
+        if args.preset == DEFAULT_PRESET:  # `bench --benchmark NAME` without --preset runs that benchmark's preset
+            args.preset = benchmarks.preset_for(args.benchmark)
         args.overrides = [f"bench.benchmark={args.benchmark}", *args.overrides]
     cfg = _config(args)
     _apply_resume(cfg, args)
     if args.runs:
         cfg.bench.runs = args.runs
-    if cfg.bench.benchmark == "llama2_70b_lora-proxy" and not cfg.checkpoint.init_from:
+    name = cfg.bench.benchmark
+    if benchmarks.is_proxy(name) and benchmarks.get(name).proxy_needs_base and not cfg.checkpoint.init_from:
         from scaletrain.bench.proxy_base import ensure_proxy_base
         from scaletrain.train.run import default_console
 
@@ -135,7 +130,7 @@ def cmd_bench_check(args) -> int:
     The rules file of a proxy benchmark is found inside the installed package, so this works from any directory.
     Exit 0 when the log passes, 1 when it fails, 2 for a missing log or an unknown benchmark.
     """
-    from scaletrain.bench.checker import OFFICIAL, PROXY_RULES, RULESET, check_log, run_benchmark
+    from scaletrain.bench.checker import check_log, known, ruleset, run_benchmark
 
     log = Path(args.log)
     if log.is_dir():
@@ -147,19 +142,21 @@ def cmd_bench_check(args) -> int:
         benchmark = args.check_benchmark or args.benchmark or run_benchmark(log.parent)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    known = (*OFFICIAL, *PROXY_RULES)
+    known_names = known()
     if not benchmark:
         raise ConfigError(
             f"bench check {args.log}: no config.json next to the log names its benchmark; "
-            f"pass --benchmark NAME ({', '.join(known)})"
+            f"pass --benchmark NAME ({', '.join(known_names)})"
         )
-    if benchmark not in known:
-        raise ConfigError(f"bench check: benchmark {benchmark!r} has no compliance rules; one of {', '.join(known)}")
+    if benchmark not in known_names:
+        raise ConfigError(
+            f"bench check: benchmark {benchmark!r} has no compliance rules; one of {', '.join(known_names)}"
+        )
     # The checker's own log file goes next to the MLLOG, never into the current directory.
     check = check_log(log, benchmark, log_output=log.parent / "compliance_checker.log")
     if not check.ok:
         print(check.output.rstrip())
-    print(f"{log}: {'pass' if check.ok else 'FAIL'} ({benchmark} rules, ruleset {RULESET})")
+    print(f"{log}: {'pass' if check.ok else 'FAIL'} ({benchmark} rules, ruleset {ruleset(benchmark)})")
     return 0 if check.ok else 1
 
 
@@ -250,7 +247,7 @@ def _add_bench_check_parser(bench: argparse.ArgumentParser) -> None:
         "--benchmark",
         dest="check_benchmark",
         metavar="NAME",
-        help="gpt3, gpt3-proxy, llama2_70b_lora or llama2_70b_lora-proxy (default: bench.benchmark in "
+        help=f"{benchmarks.choices_text(benchmarks.names())} (default: bench.benchmark in "
         "the config.json next to the log)",
     )
     c.set_defaults(func=cmd_bench_check)
@@ -294,8 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, default=0, help="number of runs (default: bench.runs)")
     p.add_argument(
         "--benchmark",
-        help="gpt3, gpt3-proxy, llama2_70b_lora or llama2_70b_lora-proxy; without --preset "
-        "it also picks that benchmark's preset",
+        help=f"{benchmarks.choices_text(benchmarks.names())}; without --preset it also picks that benchmark's preset",
     )
     p.add_argument("--out", default="runs/bench", help="output directory (default runs/bench)")
     p.add_argument("--resume", help="auto: keep finished runs, resume the interrupted one from its checkpoint")

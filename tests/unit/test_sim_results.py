@@ -10,9 +10,8 @@ from importlib import resources
 
 import pytest
 
-from scaletrain.sim.results import (
-    BUNDLED_FILES, PublishedResult, ResultsError, bundled_results, gpu_key, load_results,
-)
+from scaletrain.benchmarks import BENCHMARKS
+from scaletrain.sim.results import PublishedResult, ResultsError, bundled_results, gpu_key, load_results
 
 GPT3_HEADER = ("benchmark,round,submitter,system,accelerator,n_accel,n_nodes,interconnect,framework,gbs,tp,pp,vp,"
                "mbs,fp8,n_runs,run_minutes,score_minutes,run_tokens_to_converge,source")
@@ -34,8 +33,8 @@ def _one(**changes) -> str:
 
 
 def test_every_bundled_row_loads_cleanly():
-    for bench, name in BUNDLED_FILES.items():
-        text = resources.files("scaletrain.sim").joinpath("data", name).read_text("utf-8")
+    for bench, spec in BENCHMARKS.items():
+        text = resources.files("scaletrain.sim").joinpath("data", spec.calibration_file).read_text("utf-8")
         report = load_results(text)
         assert report.errors == []
         assert len(report.rows) == len(text.strip().splitlines()) - 1
@@ -71,7 +70,7 @@ def test_gpt3_scores_are_the_median_of_three():
 
 
 def test_lora_olympic_minutes_column_and_score_scaling():
-    text = resources.files("scaletrain.sim").joinpath("data", BUNDLED_FILES["llama2_70b_lora"]).read_text("utf-8")
+    text = resources.files("scaletrain.sim").joinpath("data", BENCHMARKS["llama2_70b_lora"].calibration_file).read_text("utf-8")
     published = {int(i) + 2: row for i, row in enumerate(csv.DictReader(io.StringIO(text)))}
     for r in bundled_results("llama2_70b_lora"):
         runs = sorted(r.run_minutes)

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
+from scaletrain import benchmarks
+
 __all__ = [
     "CheckResult",
     "check_log",
@@ -22,15 +24,12 @@ __all__ = [
     "proxy_rules_path",
     "run_benchmark",
     "RULESET",
-    "OFFICIAL",
-    "PROXY_RULES",
+    "ruleset",
+    "known",
 ]
 
-# gpt3 rules exist only in rulesets 3.0.0-4.1.0; the package's default (newer) ruleset crashes on gpt3 logs.
-RULESET = "4.1.0"
-# Benchmarks checked against the package's own ruleset, and proxies checked with their packaged rules file.
-OFFICIAL = ("gpt3", "llama2_70b_lora")
-PROXY_RULES = {"gpt3-proxy": "gpt3_proxy.yaml", "llama2_70b_lora-proxy": "llama2_70b_lora_proxy.yaml"}
+# The ruleset summary.json records and the seed check uses; a benchmark's own is `ruleset(name)`.
+RULESET = benchmarks.DEFAULT_RULESET
 _SUCCESS = re.compile(r"^\S+ - SUCCESS\s*$", re.MULTILINE)
 _FAILED = re.compile(r"^\S+ - FAILED\s*$", re.MULTILINE)
 
@@ -51,17 +50,32 @@ class CheckResult:
         return asdict(self)
 
 
+def known() -> tuple[str, ...]:
+    """Every benchmark with compliance rules: the official ones (checked against the package's own ruleset) and
+    their proxies (checked with their packaged rules file)."""
+    return benchmarks.names()
+
+
+def ruleset(benchmark: str) -> str:
+    """The checker's --ruleset for a benchmark or its proxy: its registry entry's."""
+    return benchmarks.get(benchmark).ruleset
+
+
 def proxy_rules_path(benchmark: str = "gpt3-proxy"):
     """The packaged rules file of a proxy benchmark (a Traversable; see `check_log` for a real path)."""
-    if benchmark not in PROXY_RULES:
-        raise ValueError(f"no proxy rules file for {benchmark!r}; proxies: {sorted(PROXY_RULES)}")
-    return resources.files("scaletrain.bench").joinpath("rules").joinpath(PROXY_RULES[benchmark])
+    if not benchmarks.is_proxy(benchmark):
+        proxies = sorted(b.proxy_name for b in benchmarks.BENCHMARKS.values())
+        raise ValueError(f"no proxy rules file for {benchmark!r}; proxies: {proxies}")
+    name = benchmarks.get(benchmark).proxy_rules_file
+    return resources.files("scaletrain.bench").joinpath("rules").joinpath(name)
 
 
 def checker_command(
     log: str | Path, benchmark: str, config: str | Path | None = None, log_output: str | Path | None = None
 ) -> list[str]:
-    """The checker command line for `benchmark` (OFFICIAL or a PROXY_RULES name); `config` is the proxy rules path."""
+    """The checker command line for `benchmark` (official or proxy); `config` is the proxy rules path."""
+    if benchmark not in known():
+        raise ValueError(f"no compliance rules for benchmark {benchmark!r}; expected one of {sorted(known())}")
     cmd = [
         sys.executable,
         "-m",
@@ -69,18 +83,14 @@ def checker_command(
         "--usage",
         "training",
         "--ruleset",
-        RULESET,
+        ruleset(benchmark),
         "--werror",
     ]
-    if benchmark in PROXY_RULES:
+    if benchmarks.is_proxy(benchmark):
         if config is None:
             raise ValueError(f"{benchmark} needs its proxy rules file as config")
         # Absolute: the checker joins --config onto its own package directory, so a relative path would point there.
         cmd += ["--config", os.path.abspath(config)]
-    elif benchmark not in OFFICIAL:
-        raise ValueError(
-            f"no compliance rules for benchmark {benchmark!r}; expected one of {sorted([*OFFICIAL, *PROXY_RULES])}"
-        )
     if log_output is not None:
         cmd += ["--log_output", str(log_output)]
     return cmd + [str(log)]
@@ -104,7 +114,7 @@ def check_log(
         Path(log_output).unlink(missing_ok=True)
     with ExitStack() as stack:
         config = None
-        if benchmark in PROXY_RULES:
+        if benchmarks.is_proxy(benchmark):
             # as_file gives a real path even from a zipped install; an ordinary install returns the file itself.
             config = stack.enter_context(resources.as_file(proxy_rules_path(benchmark)))
         cmd = checker_command(path, benchmark, config=config, log_output=log_output)

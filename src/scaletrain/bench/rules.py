@@ -17,6 +17,7 @@ from typing import Any
 
 from mlperf_logging.mllog import constants as C
 
+from scaletrain import benchmarks
 from scaletrain.config import Config
 from scaletrain.sim.mlperf import skipped_evals  # stdlib only; the one definition of the skip rule
 
@@ -24,8 +25,7 @@ __all__ = [
     "GPT3",
     "LLAMA2_LORA",
     "Cadence",
-    "BENCHMARK_NAMES",
-    "LORA_BENCHMARKS",
+    "submission_benchmark",
     "is_lora",
     "mllog_hparams",
     "official_rule_violations",
@@ -37,23 +37,19 @@ __all__ = [
     "max_benchmark_steps",
 ]
 
-# What each scaletrain benchmark logs as submission_benchmark. A proxy logs its official name too: it follows that
-# benchmark's event protocol, and its own rules file (bench/rules/*_proxy.yaml) accepts exactly that value.
-BENCHMARK_NAMES = {
-    "gpt3": C.GPT3,
-    "gpt3-proxy": C.GPT3,
-    "llama2_70b_lora": C.LLAMA2_70B_LORA,
-    "llama2_70b_lora-proxy": C.LLAMA2_70B_LORA,
-}
-# Benchmarks that count samples (metadata samples_count) and skip their first evaluations.
-LORA_BENCHMARKS = frozenset({"llama2_70b_lora", "llama2_70b_lora-proxy"})
+
+def submission_benchmark(name: str) -> str:
+    """What a scaletrain benchmark logs as submission_benchmark: the package's constant for its official name. A
+    proxy logs it too: it follows that benchmark's event protocol, and its own rules file (bench/rules/*_proxy.yaml)
+    accepts exactly that value."""
+    return getattr(C, benchmarks.get(name).mllog_constant)
 
 
 class GPT3:
     """Closed-division constants of MLPerf Training gpt3 (rulesets 3.0.0-4.1.0)."""
 
     N_LAYERS, D_MODEL, N_HEADS, FFN = 96, 12288, 96, 4 * 12288
-    SEQ_LEN = 2048
+    SEQ_LEN = benchmarks.GPT3.seq_len
     VOCAB = 50257
     CKPT_SAMPLES = 4000 * 1536
     WARMUP_SAMPLES = 265 * 1536
@@ -61,8 +57,8 @@ class GPT3:
     END_LR_RATIO = 0.1
     BETA1, BETA2, EPS = 0.9, 0.95, 1e-8
     WEIGHT_DECAY, GRAD_CLIP = 0.1, 1.0
-    TARGET = 2.69
-    EVAL_INTERVAL_SAMPLES = 24576
+    TARGET = benchmarks.GPT3.target
+    EVAL_INTERVAL_SAMPLES = benchmarks.GPT3.eval_every_sequences
     OPT_NAME = "adam"
     DECAY_SCHEDULE = "cosine with linear warmup"
     # RCPs exist for GBS 1536..8192; LR 2e-5 up to 3072, 3e-5 from 4096; either in between.
@@ -83,14 +79,14 @@ class LLAMA2_LORA:
 
     N_LAYERS, D_MODEL, N_HEADS, N_KV_HEADS, FFN = 80, 8192, 64, 8, 28672
     VOCAB = 32000
-    SEQ_LEN = 8192
+    SEQ_LEN = benchmarks.LLAMA2_70B_LORA.seq_len
     RANK, ALPHA, DROPOUT = 16, 32.0, 0.1
     TARGETS = frozenset({"qkv", "proj"})
     WEIGHT_DECAY, GRAD_CLIP = 1e-4, 0.3
     BETA1, BETA2, EPS = 0.9, 0.999, 1e-8
     END_LR_RATIO = 0.0
-    TARGET = 0.925
-    EVAL_INTERVAL_SAMPLES = 384
+    TARGET = benchmarks.LLAMA2_70B_LORA.target
+    EVAL_INTERVAL_SAMPLES = benchmarks.LLAMA2_70B_LORA.eval_every_sequences
     # RCPs (rcp_checker/training_4.1.0/rcps_llama2_70b_lora.json) exist for GBS 8, 16, 32 and 128.
     GBS_MIN, GBS_MAX = 8, 128
 
@@ -98,7 +94,7 @@ class LLAMA2_LORA:
 def is_lora(benchmark: str | Config) -> bool:
     """True for llama2_70b_lora and its proxy: samples_count metadata and skipped first evaluations."""
     name = benchmark.bench.benchmark if isinstance(benchmark, Config) else benchmark
-    return name in LORA_BENCHMARKS
+    return name in benchmarks.names() and benchmarks.get(name).lora
 
 
 def _clean(x: float) -> float:
@@ -137,7 +133,7 @@ def eval_skip(cfg: Config) -> int:
     evaluation k falls after k intervals and the first one run is k = skip + 1 (GBS 8: 3 skipped, first at 1536
     samples). Same rule as scaletrain.sim.mlperf, which this calls.
     """
-    return skipped_evals("llama2_70b_lora", cfg.train.global_batch_size) if is_lora(cfg) else 0
+    return skipped_evals(benchmarks.get(cfg.bench.benchmark).name, cfg.train.global_batch_size)
 
 
 def next_eval_step(cfg: Config, steps: int) -> int:
@@ -201,8 +197,8 @@ def mllog_hparams(
     cache_clear comes first: the harness logs it before init_start, the rest inside the init phase.
     """
     b = cfg.bench
-    if b.benchmark not in BENCHMARK_NAMES:
-        raise ValueError(f"bench.benchmark={b.benchmark!r}: must be one of {sorted(BENCHMARK_NAMES)}")
+    if b.benchmark not in benchmarks.names():
+        raise ValueError(f"bench.benchmark={b.benchmark!r}: must be one of {sorted(benchmarks.names())}")
     if not platform:
         raise ValueError("submission_platform must not be empty (the checker rejects '')")
     if is_lora(cfg):
@@ -211,7 +207,7 @@ def mllog_hparams(
     o = cfg.optim
     return [
         (C.CACHE_CLEAR, True),
-        (C.SUBMISSION_BENCHMARK, BENCHMARK_NAMES[b.benchmark]),
+        (C.SUBMISSION_BENCHMARK, submission_benchmark(b.benchmark)),
         (C.SUBMISSION_ORG, b.org),
         (C.SUBMISSION_DIVISION, b.division),
         (C.SUBMISSION_PLATFORM, platform),
@@ -247,7 +243,7 @@ def _lora_hparams(
     alpha = int(lo.alpha) if float(lo.alpha).is_integer() else lo.alpha  # 32, as the reference logs it
     return [
         (C.CACHE_CLEAR, True),
-        (C.SUBMISSION_BENCHMARK, BENCHMARK_NAMES[cfg.bench.benchmark]),
+        (C.SUBMISSION_BENCHMARK, submission_benchmark(cfg.bench.benchmark)),
         (C.SUBMISSION_ORG, cfg.bench.org),
         (C.SUBMISSION_DIVISION, cfg.bench.division),
         (C.SUBMISSION_PLATFORM, platform),

@@ -11,19 +11,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["RunTime", "Score", "olympic_score", "MIN_RUNS", "RUNS_PER_SUBMISSION", "required_runs"]
+from scaletrain import benchmarks
+
+__all__ = ["RunTime", "Score", "olympic_score", "MIN_RUNS", "required_runs"]
 
 MIN_RUNS = 3  # dropping one fastest and one slowest needs at least one run left
-# Runs a submission scores (training_rules.adoc v4.1, "Benchmark results"; mlperf_logging benchmark_meta.py).
-RUNS_PER_SUBMISSION = {"gpt3": 3, "llama2_70b_lora": 10}
 
 
 def required_runs(benchmark: str) -> int:
-    """Runs a submission of `benchmark` needs; a proxy ("<name>-proxy") follows its official benchmark."""
+    """Runs a submission of `benchmark` needs (its registry entry); a proxy follows its official benchmark."""
     name = benchmark.removesuffix("-proxy")
-    if name not in RUNS_PER_SUBMISSION:
-        raise ValueError(f"unknown benchmark {benchmark!r}; known: {sorted(RUNS_PER_SUBMISSION)}")
-    return RUNS_PER_SUBMISSION[name]
+    if name not in benchmarks.BENCHMARKS:
+        raise ValueError(f"unknown benchmark {benchmark!r}; known: {sorted(benchmarks.BENCHMARKS)}")
+    return benchmarks.BENCHMARKS[name].runs
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ from scaletrain.sim.results import PublishedResult
 from scaletrain.sim.step import step_time
 from scaletrain.sim.workload import ClusterLayout, load_workload
 
-WORKLOAD_OF = {"gpt3": "gpt3", "llama2_70b_lora": "llama2_70b_lora"}
 SHARED = ("tp_exposed", "dp_overlap", "overlap_slowdown", "step_overhead_s", "eval_eff")
 BOUNDS = {
     "gemm_eff": (0.4, 1.2),
@@ -112,7 +111,7 @@ class _Row:
     def __init__(self, row: PublishedResult, cat: Catalog):
         self.row = row
         self.bench = row.benchmark
-        self.w = load_workload(WORKLOAD_OF[row.benchmark])
+        self.w = load_workload(mlperf.bench(row.benchmark).reference_preset)
         self.layout = row_layout(row)
         problems = self.layout.problems(self.w)
         if problems:

@@ -12,6 +12,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from scaletrain import benchmarks
 from scaletrain.sim import calibrate as cal
 from scaletrain.sim.catalog import load_catalog
 from scaletrain.sim.efficiency import efficiency_for
@@ -21,7 +22,8 @@ from scaletrain.sim.workload import ClusterLayout, load_workload
 
 
 def _layout(args) -> ClusterLayout:
-    gbs = args.gbs or {"gpt3-175b": 2048, "gpt3": 2048, "llama2_70b_lora": 8, "llama2-70b-lora": 8}.get(args.model, 0)
+    spec = benchmarks.for_model(args.model)
+    gbs = args.gbs or (spec.default_gbs if spec else 0)
     if not gbs:
         raise ValueError("--gbs is required for models that are not an MLPerf benchmark")
     return ClusterLayout(
@@ -382,7 +384,9 @@ def add_parsers(sub) -> None:
         p.add_argument(
             "--model",
             default="gpt3-175b",
-            help="preset or benchmark: gpt3-175b (gpt3), llama2-70b-lora (llama2_70b_lora), any preset",
+            help="preset or benchmark: "
+            + ", ".join(f"{b.reference_preset} ({b.name})" for b in benchmarks.BENCHMARKS.values())
+            + ", any preset",
         )
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a model field")
         p.add_argument("--gpu", default="h100", help="a100, h100, h200, b200, gb200, gb300 or a catalog key")
@@ -463,7 +467,11 @@ def add_parsers(sub) -> None:
     )
     c.set_defaults(func=cmd_calibrate)
     pl = ssub.add_parser("plot", help="time-to-train vs GPU count PNG", description=cmd_plot.__doc__)
-    pl.add_argument("--model", default="gpt3-175b", help="gpt3-175b or llama2-70b-lora")
+    pl.add_argument(
+        "--model",
+        default="gpt3-175b",
+        help=benchmarks.choices_text(b.reference_preset for b in benchmarks.BENCHMARKS.values()),
+    )
     pl.add_argument("--out", default="sim_scaling.png", help="PNG path (default sim_scaling.png)")
     pl.add_argument("--gpu", dest="gpu_list", action="append", help="GPUs to draw (default h100 h200 b200 gb200)")
     pl.add_argument("--calibration", help="efficiency set (default newest)")

@@ -11,9 +11,10 @@ then turns into time-to-train. Rules per `docs/benchmarks.md`:
   run cannot stop before (skip+1) intervals and runs (intervals - skip) evaluations. Eval set 173 samples
   packed to 8192 tokens; converge unit = training samples.
 
-RCP (reference convergence point) tables are read from the installed `mlperf-logging` package's JSON
-files without importing its checker (which pulls numpy); `data/rcps_4.1.0.csv` is a verbatim copy of
-the relevant fields (as CSV, with its source) for when the package is absent. Stdlib only.
+Each benchmark's constants are its `scaletrain.benchmarks` entry. RCP (reference convergence point) tables
+are read from the installed `mlperf-logging` package's JSON files without importing its checker (which pulls
+numpy); `data/rcps_4.1.0.csv` is a verbatim copy of the relevant fields (as CSV, with its source) for when the
+package is absent. Stdlib only.
 """
 
 from __future__ import annotations
@@ -29,37 +30,17 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from scaletrain.benchmarks import BENCHMARKS, DEFAULT_RULESET, BenchmarkSpec
 
-@dataclass(frozen=True)
-class Benchmark:
-    """Constants of one benchmark that decide steps, evaluations and scoring."""
-
-    name: str
-    seq_len: int
-    eval_every_sequences: int
-    eval_tokens: int
-    """Tokens in one evaluation pass."""
-    runs: int
-    """Runs per submission (olympic mean drops 1 fastest, 1 slowest)."""
-    converge_unit: str
-    """"tokens" or "samples": what the RCP tables and `converge` count."""
-    rcp_key: str
-    """Field holding the converge list in the RCP JSON."""
-
-
-BENCHMARKS = {
-    "gpt3": Benchmark("gpt3", 2048, 24_576, 11_590_004, 3, "tokens", "Epochs to converge"),
-    "llama2_70b_lora": Benchmark("llama2_70b_lora", 8192, 384, 173 * 8192, 10, "samples", "samples to converge"),
-}
-DEFAULT_RCP_VERSION = "4.1.0"
+DEFAULT_RCP_VERSION = DEFAULT_RULESET
 # A converge value this many times the record's median is a data-entry error, not a slow run: gpt3 4.1.0
 # BS 3072 lists 13,790,871,552 tokens (10x its siblings). The checker keeps it (its olympic mean drops it as
 # the max but then drops one real value too); we drop it first, so BS 3072 means 1,207,959,552.
 RCP_TYPO_FACTOR = 5
 
 
-def bench(benchmark: str) -> Benchmark:
-    """Constants for a benchmark name; ValueError naming the known ones otherwise."""
+def bench(benchmark: str) -> BenchmarkSpec:
+    """The registry entry of an official benchmark name; ValueError naming the known ones otherwise."""
     try:
         return BENCHMARKS[benchmark]
     except KeyError:
@@ -80,7 +61,7 @@ def eval_interval_steps(benchmark: str, gbs: int) -> int:
 def skipped_evals(benchmark: str, gbs: int) -> int:
     """Evaluations not run at the start of a run: floor(0.125*GBS + 2) for llama2_70b_lora, 0 for gpt3."""
     _check_gbs(gbs)
-    return (gbs + 16) // 8 if bench(benchmark).name == "llama2_70b_lora" else 0  # exact integer floor
+    return bench(benchmark).skipped_evals(gbs)
 
 
 # ---------------------------------------------------------------- RCP tables

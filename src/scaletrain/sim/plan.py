@@ -20,7 +20,7 @@ from scaletrain.sim import memory, mlperf
 from scaletrain.sim.catalog import load_catalog
 from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import efficiency_for
-from scaletrain.sim.predict import BENCHMARK_OF, Prediction, eval_time, expected_convergence, predict
+from scaletrain.sim.predict import Prediction, benchmark_of, eval_time, expected_convergence, predict
 from scaletrain.sim.step import stage_costs, step_time
 from scaletrain.sim.workload import ClusterLayout, Workload
 
@@ -172,7 +172,7 @@ def plan(
     cat = catalog or load_catalog()
     g, n, f = cat.system(gpu, node, fabric)
     release, eff = efficiency_for(calibration, g.key)
-    bench = BENCHMARK_OF.get(w.name)
+    bench = benchmark_of(w.name)
     if objective == "auto":
         objective = "ttt" if bench else "throughput"
     if objective not in ("ttt", "throughput"):

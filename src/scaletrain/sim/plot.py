@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
+from scaletrain import benchmarks
 from scaletrain.sim.results import bundled_results, load_results
-from scaletrain.sim.workload import MODEL_ALIASES, load_workload
+from scaletrain.sim.workload import load_workload
 
 DEFAULT_GPUS = ("h100", "h200", "b200", "gb200")
-COUNTS = {
-    "gpt3-175b": (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
-    "llama2-70b-lora": (8, 16, 32, 64, 128, 256, 512, 1024),
-}
-BENCH = {"gpt3-175b": "gpt3", "llama2-70b-lora": "llama2_70b_lora"}
+DEFAULT_COUNTS = (8, 64, 512)
+"""GPU counts for a preset that is no MLPerf benchmark (a benchmark's come from its registry entry)."""
 COLORS = {
     "a100": "tab:gray",
     "h100": "tab:blue",
@@ -25,12 +23,13 @@ def scaling_curves(model: str, gpus=DEFAULT_GPUS, counts=None, calibration: str 
     """{gpu: [(n_gpus, minutes, layout text), ...]} from the planner's best layout at each count."""
     from scaletrain.sim.plan import plan
 
-    preset = MODEL_ALIASES.get(model, model)
+    spec = benchmarks.for_model(model)
+    preset = spec.reference_preset if spec else model
     w = load_workload(preset)
     out = {}
     for gpu in gpus:
         pts = []
-        for n in counts or COUNTS.get(preset, (8, 64, 512)):
+        for n in counts or (spec.plot_gpu_counts if spec else DEFAULT_COUNTS):
             res = plan(w, gpu, n, calibration=calibration, top=1)
             if res.best and res.best[0].time_to_train_min is not None:
                 best = res.best[0]
@@ -53,13 +52,14 @@ def plot_scaling(model: str, out: str, gpus=None, calibration: str | None = None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    preset = MODEL_ALIASES.get(model, model)
-    if preset not in BENCH:
-        raise ValueError(f"--model {model}: plot needs an MLPerf benchmark model ({', '.join(BENCH)})")
-    curves = scaling_curves(preset, tuple(gpus or DEFAULT_GPUS), calibration=calibration)
-    rows = [r for r in bundled_results(BENCH[preset])]
+    spec = benchmarks.for_model(model)
+    if spec is None:
+        known = ", ".join(b.reference_preset for b in benchmarks.BENCHMARKS.values())
+        raise ValueError(f"--model {model}: plot needs an MLPerf benchmark model ({known})")
+    curves = scaling_curves(spec.reference_preset, tuple(gpus or DEFAULT_GPUS), calibration=calibration)
+    rows = [r for r in bundled_results(spec.name)]
     for path in results:
-        rows += [r for r in load_results(path).rows if r.benchmark == BENCH[preset]]
+        rows += [r for r in load_results(path).rows if r.benchmark == spec.name]
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for gpu, pts in curves.items():
         if pts:
@@ -73,7 +73,7 @@ def plot_scaling(model: str, out: str, gpus=None, calibration: str | None = None
     ax.set_yscale("log")
     ax.set_xlabel("GPUs")
     ax.set_ylabel("time to train (minutes)")
-    ax.set_title(f"{BENCH[preset]}: predicted (best planned layout) vs published MLPerf results")
+    ax.set_title(f"{spec.name}: predicted (best planned layout) vs published MLPerf results")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

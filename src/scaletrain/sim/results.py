@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-BENCHMARKS = ("gpt3", "llama2_70b_lora")
+from scaletrain.benchmarks import BENCHMARKS
+
 # Catalog keys (sim/hardware/gpus.toml). Longest first, so "gb200" wins over "b200" in "NVIDIA GB200".
 GPU_KEYS = ("gb300", "gb200", "b200", "h200", "h100", "a100")
 _GPU_RE = re.compile(r"(?<![a-z0-9])(" + "|".join(GPU_KEYS) + r")(?![0-9])")
@@ -44,7 +45,6 @@ COMMON_COLUMNS = (
 )
 LAYOUT_COLUMNS = ("tp", "pp", "vp", "mbs", "fp8")  # gpt3 style; llama style needs `parallelism` instead
 CONVERGE_COLUMNS = ("run_tokens_to_converge", "run_samples_to_converge")
-BUNDLED_FILES = {"gpt3": "mlperf_gpt3_calibration.csv", "llama2_70b_lora": "mlperf_llama2_lora_calibration.csv"}
 GPUS_PER_NODE = 8
 
 
@@ -292,7 +292,7 @@ def load_results(path_or_text, strict: bool = False) -> LoadReport:
 
 @functools.cache
 def _bundled(benchmark: str) -> tuple[PublishedResult, ...]:
-    text = resources.files("scaletrain.sim").joinpath("data", BUNDLED_FILES[benchmark]).read_text("utf-8")
+    text = resources.files("scaletrain.sim").joinpath("data", BENCHMARKS[benchmark].calibration_file).read_text("utf-8")
     # Strict: the carried files are curated, so a bad row is a packaging bug, not data to skip.
     rows = load_results(text, strict=True).rows
     return tuple(r for r in rows if r.benchmark == benchmark)

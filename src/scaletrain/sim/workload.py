@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scaletrain import benchmarks
 from scaletrain.config import Config, ConfigError, resolve
 from scaletrain.model import flops as model_flops
-
-# Benchmark -> preset; the names `predict --model` accepts besides any preset.
-MODEL_ALIASES = {"gpt3": "gpt3-175b", "llama2_70b_lora": "llama2-70b-lora"}
 
 
 @dataclass(frozen=True)
@@ -106,7 +104,8 @@ def workload_from_config(cfg: Config, name: str = "", seq_len: int | None = None
 
 def load_workload(model: str, overrides: tuple[str, ...] = ()) -> Workload:
     """Workload of a preset name (or benchmark alias: "gpt3", "llama2_70b_lora"), with --set style overrides."""
-    preset = MODEL_ALIASES.get(model, model)
+    alias = benchmarks.BENCHMARKS.get(model)  # a benchmark name means its reference preset
+    preset = alias.reference_preset if alias else model
     try:
         cfg = resolve(preset, overrides=list(overrides))
     except ConfigError as exc:
@@ -218,4 +217,4 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-__all__ = ["Workload", "ClusterLayout", "load_workload", "workload_from_config", "MODEL_ALIASES", "ceil_div"]
+__all__ = ["Workload", "ClusterLayout", "load_workload", "workload_from_config", "ceil_div"]
