@@ -64,7 +64,9 @@ def cmd_export(args) -> int:
         out = export_hf(model.state_dict(), cfg.model, args.hf)
     except (ValueError, FileExistsError) as exc:
         raise CheckpointError(str(exc)) from None
-    hf_class = "LlamaForCausalLM" if cfg.model.arch == "llama" else "GPT2LMHeadModel"
+    from scaletrain.model.spec import model_spec
+
+    hf_class = model_spec(cfg.model.arch).hf_class
     print(f"{path} -> {out} (load with transformers.{hf_class}.from_pretrained)")
     return 0
 

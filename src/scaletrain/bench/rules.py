@@ -352,7 +352,8 @@ def _lora_violations(cfg: Config) -> list[str]:
         if not ok:
             out.append(msg)
 
-    need(m.arch == "llama", f"model.arch={m.arch!r}: llama2_70b_lora requires 'llama'")
+    arch = benchmarks.LLAMA2_70B_LORA.arch
+    need(m.arch == arch, f"model.arch={m.arch!r}: llama2_70b_lora requires {arch!r}")
     need(m.seq_len == L.SEQ_LEN, f"model.seq_len={m.seq_len}: llama2_70b_lora requires {L.SEQ_LEN}")
     shape = (m.n_layers, m.d_model, m.n_heads, m.kv_heads, m.ffn_size, m.vocab_size)
     want = (L.N_LAYERS, L.D_MODEL, L.N_HEADS, L.N_KV_HEADS, L.FFN, L.VOCAB)

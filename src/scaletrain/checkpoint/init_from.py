@@ -66,11 +66,9 @@ def _read_hf(p: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         hf = json.loads((p / "config.json").read_text())
         if not isinstance(hf, dict):
             raise ValueError(f"{p / 'config.json'}: not a JSON object")
-        from scaletrain.checkpoint.hf import import_hf, import_llama_hf
+        from scaletrain.checkpoint.hf import importer
 
-        if hf.get("model_type", "") == "llama":
-            return import_llama_hf(p)
-        return import_hf(p)
+        return importer(hf.get("model_type", ""))(p)
     except (ValueError, TypeError, KeyError, SafetensorError) as exc:  # a file that is not what it claims to be
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"checkpoint.init_from={p}: {text}") from None

@@ -5,20 +5,13 @@ from __future__ import annotations
 from torch import nn
 
 from scaletrain.config import ModelConfig
+from scaletrain.model.spec import model_spec
 
 
 def build_model(cfg: ModelConfig, seed: int = 0) -> nn.Module:
-    """The plain model of `cfg.arch` ("gpt3": GPT, "llama": Llama), initialised from `seed`.
+    """The plain model of `cfg.arch` (its ModelSpec's builder: "gpt3" GPT, "llama" Llama), initialised from `seed`.
 
     Build it under `torch.device("meta")` to allocate nothing (parallelize materialises shards later).
     Raises ValueError for an unknown architecture.
     """
-    if cfg.arch == "gpt3":
-        from scaletrain.model.gpt import GPT
-
-        return GPT(cfg, seed)
-    if cfg.arch == "llama":
-        from scaletrain.model.llama import Llama
-
-        return Llama(cfg, seed)
-    raise ValueError(f"model.arch={cfg.arch!r}: no model builder (known: 'gpt3', 'llama')")
+    return model_spec(cfg.arch).build(cfg, seed)

@@ -8,6 +8,7 @@ with d_ff = 4h this is F/token = 72*l*h^2*(1 + s/(6h) + V/(12*l*h)); GPT-3 175B 
 from __future__ import annotations
 
 from scaletrain.config import ModelConfig
+from scaletrain.model.spec import model_spec
 
 # Dense bf16 peaks (TFLOP/s, no sparsity) used as the MFU denominator; vendor datasheets.
 DENSE_BF16_PEAK_TFLOPS = {
@@ -42,7 +43,7 @@ def _attn_proj_params(cfg: ModelConfig) -> int:
 
 def _mlp_params(cfg: ModelConfig) -> int:
     """Weights of one layer's MLP: two matrices (GELU) or three (SwiGLU gate, up, down)."""
-    return (3 if cfg.arch == "llama" else 2) * cfg.d_model * cfg.ffn_size
+    return model_spec(cfg.arch).mlp_matrices * cfg.d_model * cfg.ffn_size
 
 
 def lora_params(cfg: ModelConfig, rank: int, targets=("qkv", "proj")) -> int:
@@ -53,7 +54,7 @@ def lora_params(cfg: ModelConfig, rank: int, targets=("qkv", "proj")) -> int:
     fans = {
         "qkv": (h, h + 2 * cfg.kv_heads * hd),
         "proj": (h, h),
-        "fc1": (h, f * (2 if cfg.arch == "llama" else 1)),
+        "fc1": (h, f * (2 if model_spec(cfg.arch).gated_mlp else 1)),
         "fc2": (f, h),
     }
     return cfg.n_layers * sum(rank * sum(fans[t]) for t in targets)
@@ -61,17 +62,15 @@ def lora_params(cfg: ModelConfig, rank: int, targets=("qkv", "proj")) -> int:
 
 def num_params(cfg: ModelConfig, include_embeddings: bool = True) -> int:
     """Parameters of the base model (tied head counted once, padded vocabulary rows included; no adapters)."""
-    h, f, n_layers = cfg.d_model, cfg.ffn_size, cfg.n_layers
-    if cfg.arch == "llama":
-        per_layer = _attn_proj_params(cfg) + _mlp_params(cfg) + 2 * h  # two RMSNorm weights, no biases
-        total = n_layers * per_layer + h  # final RMSNorm
-        if include_embeddings:
-            total += 2 * cfg.padded_vocab * h  # untied input and output embeddings
-        return total
-    per_layer = (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + 4 * h
-    total = n_layers * per_layer + 2 * h
+    spec = model_spec(cfg.arch)
+    h, f, hd = cfg.d_model, cfg.ffn_size, cfg.d_model // cfg.n_heads
+    per_layer = _attn_proj_params(cfg) + _mlp_params(cfg) + 2 * spec.norm_weights * h  # two norms per block
+    if spec.biases:  # qkv, attention output, fc (gate and up when gated), MLP output
+        per_layer += (h + 2 * cfg.kv_heads * hd) + h + (spec.mlp_matrices - 1) * f + h
+    total = cfg.n_layers * per_layer + spec.norm_weights * h  # final norm
     if include_embeddings:
-        total += cfg.padded_vocab * h + cfg.seq_len * h
+        total += cfg.padded_vocab * h * (1 if spec.tied_head else 2)
+        total += cfg.seq_len * h if spec.learned_positions else 0
     return total
 
 

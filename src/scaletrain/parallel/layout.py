@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scaletrain.config import Config, ConfigError
+from scaletrain.model.spec import model_spec
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -126,18 +127,7 @@ class Layout:
                 " x ".join(f"{k}={v}" for k, v in self.degrees.items())
                 + f" = {product}, but the world size is {self.world_size}"
             )
-        if m.n_heads % self.tp:
-            out.append(f"parallel.tp={self.tp} does not divide model.n_heads={m.n_heads}")
-        if m.arch == "llama" and m.kv_heads % self.tp:
-            # qkv's tensor-parallel shard must hold whole key/value groups (model/llama.py's row order).
-            out.append(f"parallel.tp={self.tp} does not divide the key/value heads {m.kv_heads} (model.n_kv_heads)")
-        if m.ffn_size % self.tp:
-            out.append(f"parallel.tp={self.tp} does not divide the MLP width {m.ffn_size}")
-        if m.padded_vocab % self.tp:
-            out.append(
-                f"parallel.tp={self.tp} does not divide the padded vocabulary {m.padded_vocab} "
-                f"(raise model.vocab_multiple to a multiple of {self.tp})"
-            )
+        out += model_spec(m.arch).tp_problems(m, self.tp)  # the architecture's sharding rules
         if self.cp > 1 and m.seq_len % (2 * self.cp):
             out.append(
                 f"model.seq_len={m.seq_len} does not split into 2*cp={2 * self.cp} equal chunks "

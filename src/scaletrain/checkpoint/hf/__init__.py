@@ -1,7 +1,7 @@
 """Hugging Face export and import of scaletrain weights: one converter module per architecture (gpt2.py for gpt3,
 llama.py for llama) over the shared directory and tensor I/O in common.py.
 
-May import `config`, `model` (the Llama rotary constant) and torch/safetensors; nothing else in `checkpoint`
+May import `config`, `model` (the Llama rotary constant, the ModelSpec's converter name) and torch/safetensors; nothing else in `checkpoint`
 imports back into it except `init_from` (reading a Hugging Face directory as a run's initial weights).
 """
 
@@ -15,6 +15,7 @@ from scaletrain.checkpoint.hf.common import publish_hf_dir
 from scaletrain.checkpoint.hf.gpt2 import export_gpt2_hf, import_gpt2_hf
 from scaletrain.checkpoint.hf.llama import export_llama_hf, import_llama_hf
 from scaletrain.config import ModelConfig
+from scaletrain.model.spec import model_spec
 
 __all__ = [
     "export_hf",
@@ -24,10 +25,22 @@ __all__ = [
     "export_llama_hf",
     "import_llama_hf",
     "publish_hf_dir",
+    "CONVERTERS",
+    "importer",
 ]
 
 # GPT-2 reading keeps its historical public name; a Llama directory goes through import_llama_hf.
 import_hf = import_gpt2_hf
+
+# Hugging Face model_type -> (exporter, importer): one converter module per type; ModelSpec.hf_adapter names one.
+CONVERTERS = {"gpt2": (export_gpt2_hf, import_gpt2_hf), "llama": (export_llama_hf, import_llama_hf)}
+
+
+def importer(model_type: object):
+    """The importer of a Hugging Face directory whose config.json says `model_type`; GPT-2's for any other type
+    (it names what it needed)."""
+    key = model_type if isinstance(model_type, str) and model_type in CONVERTERS else "gpt2"
+    return CONVERTERS[key][1]
 
 
 def export_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dtype=torch.float32) -> Path:
@@ -35,6 +48,5 @@ def export_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dt
 
     gpt3 becomes `GPT2LMHeadModel`, llama `LlamaForCausalLM` (see gpt2.py / llama.py for the conversions).
     """
-    if cfg.arch == "llama":
-        return export_llama_hf(state_dict, cfg, out_dir, dtype)
-    return export_gpt2_hf(state_dict, cfg, out_dir, dtype)
+    export = CONVERTERS[model_spec(cfg.arch).hf_adapter][0]
+    return export(state_dict, cfg, out_dir, dtype)
