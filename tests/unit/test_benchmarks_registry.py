@@ -1,0 +1,116 @@
+"""The benchmark registry (scaletrain.benchmarks): every entry resolves, and one new entry is all a benchmark needs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from scaletrain import benchmarks
+from scaletrain.config import ConfigError, resolve
+from scaletrain.sim import mlperf
+
+
+@pytest.mark.parametrize("spec", list(benchmarks.BENCHMARKS.values()), ids=list(benchmarks.BENCHMARKS))
+def test_every_benchmark_resolves_its_presets_rules_and_data(spec):
+    ref = resolve(spec.reference_preset)
+    assert ref.bench.benchmark == spec.name and benchmarks.preset_for(spec.name) == spec.reference_preset
+    assert (ref.model.arch, ref.model.seq_len) == (spec.arch, spec.seq_len)
+    assert ref.train.eval_interval_samples == spec.eval_every_sequences
+    assert ref.train.target_eval_loss == spec.target
+    assert ref.lora.rank > 0 if spec.lora else ref.lora.rank == 0
+    proxy = resolve(spec.proxy_preset)
+    assert proxy.bench.benchmark == spec.proxy_name and benchmarks.preset_for(spec.proxy_name) == spec.proxy_preset
+    assert benchmarks.get(spec.proxy_name) is spec and benchmarks.is_proxy(spec.proxy_name)
+    assert proxy.model.arch == spec.arch
+
+    from scaletrain.bench.checker import proxy_rules_path
+
+    assert proxy_rules_path(spec.proxy_name).is_file()
+    # RCPs: from the installed package when it has them, and from the bundled copy, both with records.
+    assert mlperf.rcp_records(spec.name)
+    raw, where = mlperf._load_rcp_raw(spec.name, spec.ruleset, use_package=False)
+    assert raw and where.endswith(f"rcps_{spec.ruleset}.csv")
+    from scaletrain.sim.results import bundled_results
+
+    assert {r.benchmark for r in bundled_results(spec.name)} == {spec.name}
+
+
+def test_entries_agree_with_the_mlperf_logging_package():
+    mllog = pytest.importorskip("mlperf_logging.mllog")
+    from mlperf_logging.benchmark_meta import _ALL_RESULT_FILE_COUNTS
+
+    for spec in benchmarks.BENCHMARKS.values():
+        assert getattr(mllog.constants, spec.mllog_constant) == spec.name
+        assert _ALL_RESULT_FILE_COUNTS["training"][spec.name] == spec.runs
+        assert mlperf._package_rcp_file(spec.name, spec.ruleset) is not None
+
+
+def test_skip_rule_is_the_training_rules_formula():
+    lora = benchmarks.BENCHMARKS["llama2_70b_lora"]
+    for gbs in range(1, 300):
+        assert lora.skipped_evals(gbs) == int(0.125 * gbs + 2)  # FLOOR(0.125*global_batch_size+2)
+        assert benchmarks.BENCHMARKS["gpt3"].skipped_evals(gbs) == 0
+
+
+def test_lookups_name_the_known_benchmarks():
+    assert benchmarks.names() == ("gpt3", "gpt3-proxy", "llama2_70b_lora", "llama2_70b_lora-proxy")
+    with pytest.raises(ValueError, match="unknown benchmark 'bert'.*gpt3-proxy"):
+        benchmarks.get("bert")
+    assert benchmarks.for_model("gpt3") is benchmarks.for_model("gpt3-175b") is benchmarks.GPT3
+    assert benchmarks.for_model("gpt3-125m") is None and benchmarks.for_preset("gpt3") is None
+    assert benchmarks.choices_text(["a", "b", "c"]) == "a, b or c" and benchmarks.choices_text(["a"]) == "a"
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """A benchmark that exists only as one registry entry (gpt3's rules files and mllog name, its own numbers)."""
+    spec = replace(
+        benchmarks.GPT3,
+        name="fake",
+        reference_preset="gpt3-125m",
+        proxy_preset="gpt3-proxy",
+        eval_every_sequences=1000,
+        eval_tokens=123_456,
+        runs=5,
+        lora=True,
+        eval_skip_gbs_divisor=4,
+        eval_skip_offset=1,
+        default_gbs=64,
+    )
+    monkeypatch.setitem(benchmarks.BENCHMARKS, "fake", spec)
+    return spec
+
+
+def test_one_entry_is_enough_for_config_bench_and_cli(fake):
+    cfg = resolve("gpt3-proxy", overrides=["bench.benchmark=fake-proxy"])
+    assert cfg.bench.benchmark == "fake-proxy"
+    assert resolve("gpt3-proxy", overrides=["bench.benchmark=fake"]).bench.benchmark == "fake"
+    with pytest.raises(ConfigError, match="must be one of .*'fake', 'fake-proxy'"):
+        resolve("gpt3-proxy", overrides=["bench.benchmark=fake-nope"])
+    assert benchmarks.preset_for("fake") == "gpt3-125m"
+
+    from scaletrain.bench import rules
+    from scaletrain.bench.checker import checker_command, known
+    from scaletrain.bench.score import required_runs
+
+    assert required_runs("fake-proxy") == 5 and {"fake", "fake-proxy"} <= set(known())
+    assert rules.is_lora(cfg) and rules.submission_benchmark("fake-proxy") == "gpt3"
+    cfg.train.global_batch_size = 8
+    assert rules.eval_skip(cfg) == 8 // 4 + 1
+    assert "--ruleset" in checker_command("log.txt", "fake")
+
+
+def test_one_entry_is_enough_for_the_simulator(fake):
+    from scaletrain.sim.predict import benchmark_of, predict
+    from scaletrain.sim.workload import ClusterLayout, load_workload
+
+    assert mlperf.bench("fake") is fake and benchmark_of("gpt3-125m") == "fake"
+    assert mlperf.eval_interval_steps("fake", 64) == 16 and mlperf.skipped_evals("fake", 64) == 17
+    c = mlperf.convergence("fake", 64, converge=64 * 2048 * 100)  # tokens, like gpt3
+    assert (c.steps, c.evals, c.eval_tokens) == (18 * 16, 1, 123_456)  # cannot stop before the first kept eval
+    w = load_workload("fake")  # the benchmark name means its reference preset
+    assert w.name == "gpt3-125m"
+    assert benchmarks.for_model("fake").default_gbs == 64  # `predict --model fake` without --gbs
+    pred = predict(w, ClusterLayout(gpus=8, gbs=64), "h100", converge=64 * 2048 * 100)
+    assert pred.steps == 18 * 16 and pred.evals == 1 and pred.time_to_train_min is not None

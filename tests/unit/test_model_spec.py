@@ -1,0 +1,62 @@
+"""The architecture registry (scaletrain.model.spec): each ModelSpec's facts match the module it builds."""
+
+from __future__ import annotations
+
+import pytest
+
+from scaletrain import config
+from scaletrain.config import ModelConfig
+from scaletrain.model import flops
+from scaletrain.model.spec import MODELS, model_spec
+
+
+def _tiny(arch: str, **kw) -> ModelConfig:
+    shape = dict(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2 if model_spec(arch).grouped_kv else 0, d_ff=96)
+    return ModelConfig(arch=arch, **{**shape, "seq_len": 32, "vocab_size": 250, "vocab_multiple": 128, **kw})
+
+
+@pytest.mark.parametrize("arch", list(MODELS))
+def test_every_spec_builds_a_model_its_facts_describe(arch):
+    import torch
+
+    from scaletrain.model.build import build_model
+
+    spec = model_spec(arch)
+    cfg = _tiny(arch)
+    model = build_model(cfg, seed=0)
+    # Tied matrices are one Parameter, so parameters() counts them once, like num_params.
+    assert sum(p.numel() for p in model.parameters()) == flops.num_params(cfg)
+    assert model.head_is_tied == spec.tied_head
+    assert (getattr(model.embed, "pos", None) is not None) == spec.learned_positions
+    block = model.blocks["0"]
+    assert block.mlp.fc.out_features == (spec.mlp_matrices - 1) * cfg.ffn_size
+    assert (block.attn.qkv.bias is not None) == spec.biases
+    assert sum(p.numel() for p in block.ln1.parameters()) == spec.norm_weights * cfg.d_model
+    with torch.no_grad():
+        assert model(torch.zeros(1, 8, dtype=torch.long)).shape == (1, 8, cfg.padded_vocab)
+
+
+def test_config_accepts_exactly_the_registered_architectures():
+    # config validates model.arch before any model code loads, so it keeps the names; they must agree.
+    assert tuple(config.ARCHS) == tuple(MODELS)
+    with pytest.raises(ValueError, match=r"model.arch='mamba': no model builder \(known: 'gpt3', 'llama'\)"):
+        model_spec("mamba")
+
+
+def test_tp_rules_follow_the_architecture():
+    gpt, llama = model_spec("gpt3"), model_spec("llama")
+    m = _tiny("llama", n_heads=8, n_kv_heads=2, d_model=64)
+    assert llama.tp_problems(m, 4) == [
+        "parallel.tp=4 does not divide the key/value heads 2 (model.n_kv_heads)"
+    ]  # qkv shards hold whole KV groups
+    assert gpt.tp_problems(_tiny("gpt3", n_heads=8, d_model=64), 4) == []
+    assert gpt.tp_problems(_tiny("gpt3"), 3)[0] == "parallel.tp=3 does not divide model.n_heads=4"
+
+
+def test_every_spec_has_a_hugging_face_converter():
+    pytest.importorskip("safetensors")
+    from scaletrain.checkpoint.hf import CONVERTERS, importer
+
+    for spec in MODELS.values():
+        assert spec.hf_adapter in CONVERTERS and importer(spec.hf_adapter) is CONVERTERS[spec.hf_adapter][1]
+    assert importer(["not", "a", "type"]) is CONVERTERS["gpt2"][1]  # GPT-2's importer names what it needed
