@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import inspect
 import math
 import sys
+import textwrap
 from dataclasses import fields
 from importlib import resources
 from typing import Any
@@ -147,11 +149,11 @@ def describe(cls: type, prefix: str = "", values: Any = None) -> list[tuple[str,
 
 def field_docs(cls: type) -> dict[str, str]:
     """Field name -> the string literal under its annotation in the class body."""
-    import inspect
-    import textwrap
-
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
+    node0 = tree.body[0]
+    if not isinstance(node0, ast.ClassDef):
+        raise TypeError(f"{cls!r}: source does not start with its class statement")
+    body = node0.body
     docs = {}
     for prev, node in zip(body, body[1:]):
         if (
