@@ -74,7 +74,7 @@ class BenchmarkSpec:
     eval_skip_offset: int
     """See eval_skip_gbs_divisor."""
     calibration_file: str
-    """Published results bundled in scaletrain/sim/data/ (calibration and `sim validate`)."""
+    """Published results bundled in scaletrain/sim/data/ (calibration and `sim validate`); "" = none yet."""
     default_gbs: int
     """Global batch size `predict`/`sim` use when --gbs is not given."""
     plot_gpu_counts: tuple[int, ...]

@@ -77,6 +77,7 @@ def fake(monkeypatch):
         eval_skip_gbs_divisor=4,
         eval_skip_offset=1,
         default_gbs=64,
+        calibration_file="",  # no published results yet
     )
     monkeypatch.setitem(benchmarks.BENCHMARKS, "fake", spec)
     return spec
@@ -103,9 +104,11 @@ def test_one_entry_is_enough_for_config_bench_and_cli(fake):
 
 def test_one_entry_is_enough_for_the_simulator(fake):
     from scaletrain.sim.predict import benchmark_of, predict
+    from scaletrain.sim.results import bundled_results
     from scaletrain.sim.workload import ClusterLayout, load_workload
 
     assert mlperf.bench("fake") is fake and benchmark_of("gpt3-125m") == "fake"
+    assert bundled_results("fake") == [] and {r.benchmark for r in bundled_results()} == {"gpt3", "llama2_70b_lora"}
     assert mlperf.eval_interval_steps("fake", 64) == 16 and mlperf.skipped_evals("fake", 64) == 17
     c = mlperf.convergence("fake", 64, converge=64 * 2048 * 100)  # tokens, like gpt3
     assert (c.steps, c.evals, c.eval_tokens) == (18 * 16, 1, 123_456)  # cannot stop before the first kept eval
