@@ -41,9 +41,10 @@ class ModelSpec:
     """Grouped-query attention: `attn.qkv` rows are in whole key/value groups, so tensor parallelism must also
     divide the key/value heads."""
     hf_adapter: str
-    """Hugging Face model_type its weights convert to and from (checkpoint/hf/<converter> for that type)."""
+    """Hugging Face model_type its weights convert to and from (checkpoint/hf/ has a converter per type); "" =
+    no Hugging Face export or import."""
     hf_class: str
-    """transformers class that loads an exported directory."""
+    """transformers class that loads an exported directory ("" without a converter)."""
 
     @property
     def mlp_matrices(self) -> int:

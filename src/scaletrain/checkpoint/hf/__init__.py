@@ -48,5 +48,7 @@ def export_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dt
 
     gpt3 becomes `GPT2LMHeadModel`, llama `LlamaForCausalLM` (see gpt2.py / llama.py for the conversions).
     """
-    export = CONVERTERS[model_spec(cfg.arch).hf_adapter][0]
-    return export(state_dict, cfg, out_dir, dtype)
+    adapter = model_spec(cfg.arch).hf_adapter
+    if adapter not in CONVERTERS:
+        raise ValueError(f"model.arch={cfg.arch!r} has no Hugging Face converter")
+    return CONVERTERS[adapter][0](state_dict, cfg, out_dir, dtype)
