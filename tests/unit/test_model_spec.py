@@ -61,3 +61,22 @@ def test_every_spec_has_a_hugging_face_converter():
         if spec.hf_adapter:  # "" = an architecture without Hugging Face conversion
             assert spec.hf_class and importer(spec.hf_adapter) is CONVERTERS[spec.hf_adapter][1]
     assert importer(["not", "a", "type"]) is CONVERTERS["gpt2"][1]  # GPT-2's importer names what it needed
+
+
+def test_one_registry_entry_is_enough_for_build_flops_and_layout(monkeypatch):
+    from dataclasses import replace
+
+    from scaletrain.config import resolve
+    from scaletrain.model import spec as spec_mod
+    from scaletrain.model.build import build_model
+    from scaletrain.parallel.layout import Layout, LayoutError
+
+    # GPT's module under another name, with grouped K/V declared: a new architecture as the registry sees it.
+    fake = replace(MODELS["gpt3"], name="gptx", grouped_kv=True)
+    monkeypatch.setitem(spec_mod.MODELS, "gptx", fake)
+    monkeypatch.setattr(config, "ARCHS", (*config.ARCHS, "gptx"))
+    cfg = resolve("gpt3-proxy", overrides=["model.arch=gptx", "model.n_kv_heads=2", "parallel.tp=4"])
+    tiny = _tiny("gptx", n_kv_heads=0)
+    assert sum(p.numel() for p in build_model(tiny).parameters()) == flops.num_params(tiny)
+    with pytest.raises(LayoutError, match="does not divide the key/value heads 2"):
+        Layout.from_config(cfg, 4)
