@@ -18,9 +18,9 @@ import pytest
 
 from scaletrain.bench.checker import check_log
 from scaletrain.bench.harness import run_once
-from scaletrain.bench.preemption import Preempted
 from scaletrain.checkpoint.store import complete_checkpoints, verify
 from scaletrain.train.engine import Trainer
+from scaletrain.train.protocol import Preempted
 from scaletrain.train.run import train
 
 from test_train_e2e import read_jsonl, tiny_config, tiny_overrides
