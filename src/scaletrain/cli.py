@@ -38,7 +38,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _config(args) -> object:
+def _config(args) -> Config:
     return resolve(args.preset, args.config, args.overrides)
 
 

@@ -57,7 +57,7 @@ def default_platform(cfg: Config, dp_size: int = 1) -> str:
 
 def _positive(engine: Any, attr: str) -> int | None:
     value = getattr(engine, attr, None)
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > 0:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) > 0:
         return int(value)
     return None
 

@@ -215,13 +215,12 @@ def restore_mllog(
         raise CheckpointError(
             f"{log_path}: not the MLLOG of the run that saved {checkpoint} ({where}); resume into a new run directory"
         )
-    for source in candidates if size is not None else []:
-        if not _is_log_of(source, size, t_start):
-            continue
-        if source == log_path:  # resumed in place
-            with open(log_path, "r+b") as f:
-                f.truncate(size)
-            return
+    source = next((c for c in candidates if _is_log_of(c, size, t_start)), None) if size is not None else None
+    if source == log_path:  # resumed in place
+        with open(log_path, "r+b") as f:
+            f.truncate(size)
+        return
+    if source is not None:
         with open(source, "rb") as f:
             head = f.read(size)
         tmp = log_path.with_name(log_path.name + ".tmp")

@@ -252,14 +252,14 @@ def official_rule_violations(cfg: Config) -> list[str]:
             f"optim.{field}={getattr(o, field)} gives {name} step {have} at GBS {gbs}; gpt3 requires {want}",
         )
 
-    for field, want in (
+    for field, fixed in (
         ("beta1", GPT3.BETA1),
         ("beta2", GPT3.BETA2),
         ("eps", GPT3.EPS),
         ("weight_decay", GPT3.WEIGHT_DECAY),
         ("grad_clip", GPT3.GRAD_CLIP),
     ):
-        need(not _neq(getattr(o, field), want), f"optim.{field}={getattr(o, field):g}: gpt3 requires {want:g}")
+        need(not _neq(getattr(o, field), fixed), f"optim.{field}={getattr(o, field):g}: gpt3 requires {fixed:g}")
     need(
         not _neq(t.target_eval_loss, GPT3.TARGET),
         f"train.target_eval_loss={t.target_eval_loss:g}: gpt3 requires {GPT3.TARGET}",

@@ -16,6 +16,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -37,8 +38,8 @@ from scaletrain.train.signals import StopSignals
 class Datasets:
     """Training samples and the fixed validation set of a run."""
 
-    train: object  # scaletrain.data.samples.TrainSamples
-    valid: object  # scaletrain.data.samples.ValidSamples
+    train: Any  # scaletrain.data.samples.TrainSamples (or the SFT set with the same sampling interface)
+    valid: Any  # scaletrain.data.samples.ValidSamples
 
 
 def resolve_device(name: str) -> torch.device:
@@ -91,9 +92,9 @@ class Trainer:
         self.train_samples = int(getattr(self.data.train, "num_samples", 0))
         self.eval_samples = int(getattr(self.data.valid, "num_sequences", 0))
         self.peak = peak_tflops(self.device)
-        self.mesh = None
-        self.pm = None
-        self.schedule = None
+        self.mesh: Any = None  # DeviceMesh of the layout, built in init() (None on one process)
+        self.pm: Any = None  # parallel.parallelize.ParallelModel, built in init()
+        self.schedule: Any = None  # the pipeline schedule when parallel.pp > 1
         self.optimizers: list = []  # one per model part, so optimizer state is named like the parameters
         from scaletrain.checkpoint.checkpointer import Checkpointer
 
@@ -209,7 +210,7 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
         tokens_per_s = self.global_batch_size * self.seq_len / dt
-        record = {
+        record: dict[str, Any] = {
             "step": self.step,
             "loss": loss,
             "lr": lr,
@@ -384,7 +385,7 @@ class Trainer:
             args = (inputs,) if self.pm.has_first_stage else ()
             self.schedule.step(*args, target=labels if last else None, losses=losses)
         total = (
-            sum(self._scalar(x.detach()).double() for x in losses)
+            cast(torch.Tensor, sum(self._scalar(x.detach()).double() for x in losses))
             if losses
             else torch.zeros((), dtype=torch.float64, device=self.device)
         )
@@ -404,7 +405,7 @@ class Trainer:
             self.schedule.eval(*args, target=labels if last else None, losses=losses)
         if not losses:
             return torch.zeros((), dtype=torch.float64, device=self.device)
-        return sum(self._scalar(x.detach()).double() for x in losses)
+        return cast(torch.Tensor, sum(self._scalar(x.detach()).double() for x in losses))
 
     def _eval_batches(self):
         """This dp rank's validation batches, padded to a fixed count and shape on every rank.
