@@ -116,7 +116,8 @@ def scripted_run(
     platform: str | None = None,
     **engine_kwargs,
 ) -> tuple[dict, ScriptedEngine]:
-    """One timed run of cfg.bench.benchmark through the real loop and MLPerf observer (`run_once`) with a ScriptedEngine whose
-    evaluations return `eval_losses` in turn; writes run_dir/mllog.txt and result.json. Returns (result, engine)."""
+    """One timed run of cfg.bench.benchmark through the real loop and MLPerf observer (`run_once`) with a
+    ScriptedEngine whose evaluations return `eval_losses` in turn; writes run_dir/mllog.txt and result.json.
+    Returns (result, engine)."""
     engine = ScriptedEngine(cfg, eval_losses=eval_losses, **engine_kwargs)
     return run_once(cfg, engine, run_dir, dp_size=dp_size, platform=platform), engine

@@ -70,7 +70,7 @@ def load_datasets(cfg: Config, seed: int) -> Datasets:
 
 
 class Trainer:
-    """Implements the loop's Engine protocol (protocol.py) on one process or on every rank of a layout (cfg.parallel)."""
+    """Implements the loop's Engine protocol on one process or on every rank of a layout (cfg.parallel)."""
 
     def __init__(self, cfg: Config, run_dir: str | Path, seed: int | None = None, datasets: Datasets | None = None):
         self.cfg = cfg
