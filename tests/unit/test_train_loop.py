@@ -10,8 +10,9 @@ import pytest
 from scaletrain.bench.scripted import ScriptedEngine
 from scaletrain.checkpoint.store import CheckpointError
 from scaletrain.config import resolve
-from scaletrain.train.loop import LoopState, run_loop
+from scaletrain.train.loop import run_loop
 from scaletrain.train.protocol import Engine, Observer, Preempted
+from scaletrain.train.state import LoopState
 
 
 def _cfg(*overrides):

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from scaletrain.train.loop import LoopState
+from scaletrain.train.state import LoopState
 
 __all__ = ["Engine", "Observer", "NonFiniteLoss", "Preempted", "PREEMPTED"]
 
