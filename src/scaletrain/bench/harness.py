@@ -104,6 +104,7 @@ class MLPerfObserver(Observer):
             restore_mllog(path, state.resume.path, state.resume.info, size, t_start, state.step)
         self.log = MLLogWriter(path, mode="a" if state.resume is not None else "w")
         if state.resume is not None:
+            self._running = True  # the restored log holds this run's run_start: even a crash in init ends it
             return
         try:
             early = _dataset_sizes(self.cfg, engine)
@@ -123,7 +124,6 @@ class MLPerfObserver(Observer):
     def on_run_start(self, state: LoopState, engine: Engine) -> None:
         """init_stop and run_start at the loop's start time (the dataset sizes first, when init() found them)."""
         if state.resume is not None:
-            self._running = True  # the restored log holds this run's run_start
             return
         if not self._sizes_logged:
             sizes = _dataset_sizes(self.cfg, engine)
