@@ -82,9 +82,10 @@ def cmd_train(args) -> int:
         cfg.train.run_dir = args.run_dir
     if args.dry_run:
         return _dry_run(cfg, args)
+    from scaletrain.bench.harness import mlperf_observers
     from scaletrain.train.run import exit_code, train
 
-    return exit_code(train(cfg, overwrite=args.overwrite))
+    return exit_code(train(cfg, overwrite=args.overwrite, observers=mlperf_observers))
 
 
 def _dry_run(cfg, args) -> int:
@@ -105,7 +106,7 @@ def _dry_run(cfg, args) -> int:
 
 def cmd_bench(args) -> int:
     """N MLPerf-style runs with distinct seeds, each log checked, olympic score, summary.json."""
-    from scaletrain.train.run import bench, bench_exit_code
+    from scaletrain.bench.run import bench, bench_exit_code
 
     if args.benchmark:
         if args.benchmark not in benchmarks.names():
@@ -440,9 +441,9 @@ def _leave_process_group(clean: bool) -> None:
 def _run(args) -> int:
     if args.command in ("predict", "plan", "sim"):
         return _run_sim(args)
-    from scaletrain.bench.preemption import Preempted
     from scaletrain.checkpoint.store import CheckpointError
     from scaletrain.data.indexed import DataError
+    from scaletrain.train.protocol import Preempted
 
     try:
         return args.func(args)
@@ -452,7 +453,7 @@ def _run(args) -> int:
     except KeyboardInterrupt:
         print("scaletrain: interrupted", file=sys.stderr)
         return 130
-    except Preempted as exc:  # SIGTERM/SIGUSR1: saved, not finished (bench/preemption.py)
+    except Preempted as exc:  # SIGTERM/SIGUSR1: saved, not finished (train/loop.py)
         print(f"scaletrain: {exc}", file=sys.stderr)
         return exc.exit_code
 

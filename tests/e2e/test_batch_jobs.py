@@ -17,10 +17,10 @@ import sys
 import pytest
 
 from scaletrain.bench.checker import check_log
-from scaletrain.bench.harness import run_once
-from scaletrain.bench.preemption import Preempted
+from scaletrain.bench.harness import mlperf_observers, run_once
 from scaletrain.checkpoint.store import complete_checkpoints, verify
 from scaletrain.train.engine import Trainer
+from scaletrain.train.protocol import Preempted
 from scaletrain.train.run import train
 
 from test_train_e2e import read_jsonl, tiny_config, tiny_overrides
@@ -41,7 +41,7 @@ def cli_args(corpus, run_dir, *extra, progress=False):
 def reference(excerpt_corpus, tmp_path_factory):
     """The uninterrupted run: (training loss per step, result.json, MLLOG events without times and line numbers)."""
     run = tmp_path_factory.mktemp("batch_ref") / "run"
-    result = train(tiny_config(excerpt_corpus, run, *RUN))
+    result = train(tiny_config(excerpt_corpus, run, *RUN), observers=mlperf_observers)
     assert result["steps"] == 40 and len(result["evals"]) == 4
     return _losses(run), result, _events(run)
 

@@ -70,7 +70,7 @@ def test_resume_explicit_checkpoint_into_a_new_run_directory(excerpt_corpus, tmp
     with pytest.raises(Crash):
         _run(excerpt_corpus, run, crash_at=15, monkeypatch=monkeypatch)
     ckpt = run / "checkpoints" / "step_00000010"
-    size = json.loads((ckpt / "trainer.json").read_text())["harness"]["mllog_bytes"]
+    size = json.loads((ckpt / "trainer.json").read_text())["loop"]["observers"]["mlperf"]["mllog_bytes"]
     head = (run / "mllog.txt").read_bytes()[:size]
 
     new = tmp_path / "new"

@@ -29,7 +29,7 @@ STEP = 10  # the checkpoint: saved after the first evaluation; the run's budget 
 
 @pytest.fixture(scope="module")
 def saved(excerpt_corpus, tmp_path_factory):
-    """A benchmark run directory (MLLOG, harness state) with one complete checkpoint at step 10."""
+    """A benchmark run directory (MLLOG, loop state) with one complete checkpoint at step 10."""
     from scaletrain.bench.harness import run_once
     run = tmp_path_factory.mktemp("untrusted") / "run"
     cfg = tiny_config(excerpt_corpus, run, "checkpoint.interval_steps=1", f"train.max_steps={STEP + 1}")
@@ -111,6 +111,14 @@ def _trainer_payload(text):
     return build
 
 
+def _loop_payload(ckpt, marker):
+    # The loop's saved state is data the loop checks itself (train/loop.py); weights-only loaders never read it.
+    info = json.loads((ckpt / "trainer.json").read_text())
+    info["loop"]["evals"] = {"__reduce__": str(marker)}
+    (ckpt / "trainer.json").write_text(json.dumps(info))
+    _rehash(ckpt, "trainer.json")
+
+
 def _manifest_payload(text):
     def build(ckpt, marker):
         (ckpt / "manifest.json").write_text(text)
@@ -126,6 +134,7 @@ PAYLOADS = {
     "trainer_bad_types": (_trainer_payload('{"step": "1", "config": []}'), "trainer.json", ()),
     "trainer_missing_harness_keys": (_trainer_payload('{"step": 1, "config": {}, "harness": {"steps": 1}}'),
                                      "trainer.json", ()),
+    "trainer_bad_loop_state": (_loop_payload, "trainer.json", ("init_from", "export")),
     "manifest_not_json": (_manifest_payload("\x00garbage"), "manifest.json", ()),
     "manifest_path_escape": (_manifest_payload('{"files": {"../../x": {"bytes": 1, "sha256": "00"}}}'),
                              "manifest.json", ()),

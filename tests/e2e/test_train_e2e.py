@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from scaletrain.bench.checker import check_log
+from scaletrain.bench.harness import mlperf_observers
 from scaletrain.cli import main
 from scaletrain.config import resolve
 from scaletrain.train.engine import Trainer
@@ -65,11 +68,33 @@ def test_golden_run_and_run_directory_contract(excerpt_corpus, tmp_path):
 def test_reaching_the_target_is_success_and_log_is_compliant(excerpt_corpus, tmp_path):
     target = (GOLDEN_EVAL[20] + GOLDEN_EVAL[10]) / 2  # reached at the second evaluation
     cfg = tiny_config(excerpt_corpus, tmp_path / "run", f"train.target_eval_loss={target}")
-    result = train(cfg)
+    result = train(cfg, observers=mlperf_observers)  # the MLPerf log, as `scaletrain train` attaches it
     assert result["status"] == "success" and result["steps"] == 20
     assert 0 < result["time_to_train_s"] < 120
     verdict = check_log(tmp_path / "run" / "mllog.txt", "gpt3-proxy")
     assert verdict.ok, verdict.output
+
+
+def test_a_plain_train_call_never_imports_bench(excerpt_corpus, tmp_path):
+    """`train(cfg)` from Python without observers: the loop alone writes the run directory, no MLLOG, and
+    `scaletrain.bench` is never imported (train/ sits below bench/)."""
+    run, out = tmp_path / "run", tmp_path / "out.json"
+    overrides = [*tiny_overrides(excerpt_corpus), "train.max_steps=10", f"train.run_dir={run}"]
+    code = (
+        "import json, sys\n"
+        "from scaletrain.config import resolve\n"
+        "from scaletrain.train.run import train\n"
+        f"result = train(resolve('gpt3-proxy', overrides={overrides!r}))\n"
+        "bench = sorted(m for m in sys.modules if m == 'scaletrain.bench' or m.startswith('scaletrain.bench.'))\n"
+        f"open({str(out)!r}, 'w').write(json.dumps({{'bench': bench, 'result': result}}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(out.read_text())
+    assert seen["bench"] == []
+    assert seen["result"] == json.loads((run / "result.json").read_text()) and seen["result"]["steps"] == 10
+    assert seen["result"]["outcome"] == "budget_exhausted" and (run / "metrics.jsonl").is_file()
+    assert not (run / "mllog.txt").exists() and "mllog" not in seen["result"]
 
 
 def test_warm_up_does_not_change_the_run(excerpt_corpus, tmp_path, monkeypatch):

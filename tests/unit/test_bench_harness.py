@@ -10,10 +10,11 @@ import pytest
 from rich.console import Console
 
 from scaletrain.bench.checker import check_log
-from scaletrain.bench.harness import NonFiniteLoss, run_benchmark, run_once
+from scaletrain.bench.harness import run_benchmark, run_once
 from scaletrain.bench.mllog import read_mllog
 from scaletrain.bench.scripted import ScriptedEngine
 from scaletrain.config import resolve
+from scaletrain.train.protocol import NonFiniteLoss
 
 SHARED_FIXTURE = (Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
                   / "gpt3_minimal_passing_4.1.0.mllog")

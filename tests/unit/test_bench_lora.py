@@ -13,11 +13,10 @@ from rich.console import Console
 from scaletrain.bench.checker import check_log, known, proxy_rules_path
 from scaletrain.bench.harness import run_benchmark
 from scaletrain.bench.mllog import read_mllog
-from scaletrain.bench.rules import (eval_every_steps, eval_skip, mllog_hparams, next_eval_step,
-                                    official_rule_violations)
+from scaletrain.bench.rules import mllog_hparams, official_rule_violations
 from scaletrain.bench.score import olympic_score, required_runs
 from scaletrain.bench.scripted import ScriptedEngine, lora_reference_config, scripted_run
-from scaletrain.sim.mlperf import convergence, eval_interval_steps, skipped_evals
+from scaletrain.sim.mlperf import convergence
 
 # Evaluations at GBS 8 fall every 48 steps = 384 samples; 3 are skipped, so the first is at 1536 samples and a run
 # converging at 3072 (the RCP's most common value) runs 5 of them.
@@ -101,19 +100,6 @@ def test_official_checker_fails_on_a_missed_target_or_wrong_rank(tmp_path):
     assert result["status"] == "aborted" and "step budget" in result["reason"]
     check = check_log(tmp_path / "mllog.txt", "llama2_70b_lora")
     assert not check.ok and "0.925" in check.output and "lora_rank" in check.output
-
-
-@pytest.mark.parametrize("gbs, skip, every, first_eval_samples", [(8, 3, 48, 1536), (16, 4, 24, 1920),
-                                                                   (40, 7, 10, 3200)])
-def test_skip_count_and_cadence(gbs, skip, every, first_eval_samples):
-    cfg = lora_reference_config(f"train.global_batch_size={gbs}")
-    assert eval_skip(cfg) == skip == skipped_evals("llama2_70b_lora", gbs)  # floor(0.125*GBS + 2)
-    assert eval_every_steps(cfg) == every == eval_interval_steps("llama2_70b_lora", gbs)  # ceil(384/GBS)
-    first = next_eval_step(cfg, 0)
-    assert first == (skip + 1) * every and first * gbs == first_eval_samples
-    assert [next_eval_step(cfg, s) for s in (first - 1, first, first + 1)] == [first, first + every, first + every]
-    gpt3 = lora_reference_config(f"train.global_batch_size={gbs}", "bench.benchmark=gpt3")
-    assert eval_skip(gpt3) == 0 and next_eval_step(gpt3, 0) == every  # the skip is lora's alone
 
 
 def test_harness_cadence_at_gbs_16(tmp_path):

@@ -1,4 +1,4 @@
-"""gpt3 rules: init-phase hparams, closed-division violations, eval cadence, and the proxy rules file's coverage."""
+"""gpt3 rules: init-phase hparams, closed-division violations, and the proxy rules file's coverage."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import pytest
 import yaml
 
 from scaletrain.bench.checker import proxy_rules_path, verdict
-from scaletrain.bench.rules import (eval_every_steps, max_benchmark_steps, mllog_hparams,
-                                    official_rule_violations)
+from scaletrain.bench.rules import mllog_hparams, official_rule_violations
 from scaletrain.config import resolve
 
 FIXTURE = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "gpt3_minimal_passing_4.1.0.mllog"
@@ -85,14 +84,6 @@ def test_violations_flag_lr_for_gbs_and_seq_len():
 def test_violations_cover_every_closed_rule(override, field):
     found = official_rule_violations(gpt3(override))
     assert len(found) == 1 and field in found[0]
-
-
-def test_eval_cadence_and_step_budget():
-    assert eval_every_steps(gpt3()) == 12
-    assert eval_every_steps(gpt3("train.global_batch_size=1536")) == 16
-    assert eval_every_steps(gpt3("train.global_batch_size=2560")) == 10  # ceil(9.6)
-    assert max_benchmark_steps(gpt3()) == 81450 - 3000  # the checkpoint's steps are already spent
-    assert max_benchmark_steps(gpt3("train.max_steps=5")) == 5
 
 
 def _records(path: Path) -> dict[str, dict]:

@@ -1,4 +1,5 @@
-"""MLLOG writer: real `:::MLLOG` lines through `mlperf_logging.mllog`, one private logger per file.
+"""MLLOG writer: real `:::MLLOG` lines through `mlperf_logging.mllog`, one private logger per file; and the log of a
+resumed run, continued from its checkpoint (`restore_mllog`).
 
 `mlperf_logging.mllog` is built around one process-wide logger (`mllog.config(filename=...)`) that also prints to
 stdout. The benchmark runs several timed runs in one process, so each log gets its own `logging.Logger` with its own
@@ -10,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -18,9 +20,13 @@ from typing import Any
 from mlperf_logging.mllog import constants as C  # noqa: F401  (re-exported for callers: `from .mllog import C`)
 from mlperf_logging.mllog.mllog import MLLogger
 
-__all__ = ["MLLogWriter", "C", "now_ms", "read_mllog", "TOKEN"]
+from scaletrain.checkpoint.store import CheckpointError
+
+__all__ = ["MLLogWriter", "C", "now_ms", "read_mllog", "restore_mllog", "TOKEN", "MLLOG"]
 
 TOKEN = ":::MLLOG "
+MLLOG = "mllog.txt"
+_MARK = "# scaletrain: resumed from "
 
 # mllog looks (2 + stack_offset) frames up from get_caller: get_caller <- _log_helper <- MLLogger.<method> <- ...
 # Its default offset of 1 names whoever called MLLogger, i.e. this wrapper. Our frames in between are
@@ -154,3 +160,84 @@ def read_mllog(path: str | Path) -> list[dict]:
         if at >= 0:
             events.append(json.loads(line[at + len(TOKEN) :]))
     return events
+
+
+def _source_logs(log_path: Path, checkpoint: Path | None, info: dict) -> list[Path]:
+    """Where the checkpoint's run may have logged: this run directory, the one above checkpoints/, config's."""
+    out = [log_path]
+    if checkpoint is not None and Path(checkpoint).parent.name == "checkpoints":
+        out.append(Path(checkpoint).parent.parent / MLLOG)
+    train = (info.get("config") or {}).get("train")
+    run_dir = train.get("run_dir") if isinstance(train, dict) else None
+    if isinstance(run_dir, str) and run_dir:
+        out.append(Path(run_dir) / MLLOG)
+    return out
+
+
+def _is_log_of(path: Path, size: int, t_start: int) -> bool:
+    """Whether the first `size` bytes of `path` are a log whose run_start is stamped `t_start` (the saved run's)."""
+    if not path.is_file() or path.stat().st_size < size:
+        return False
+    with open(path, "rb") as f:
+        head = f.read(size).decode("utf-8", errors="replace")
+    if head.startswith(_MARK):  # a log this module started without its beginning: the run continues it
+        return True
+    for line in head.splitlines():
+        at = line.find(TOKEN)
+        if at >= 0 and '"run_start"' in line:
+            try:
+                event = json.loads(line[at + len(TOKEN) :])
+            except ValueError:
+                return False
+            return event.get("key") == "run_start" and event.get("time_ms") == t_start
+    return False
+
+
+def restore_mllog(
+    log_path: Path, checkpoint: Path | None, info: dict, size: int | None, t_start: int, step: int
+) -> None:
+    """Make `log_path` the MLLOG of the checkpoint's run up to the checkpoint.
+
+    The checkpoint recorded the byte length of its run's MLLOG when it was taken (`size`: the MLPerf observer's
+    `mllog_bytes`). Resuming continues that log: events after the checkpoint (the part of the run that crashed) are
+    dropped, and the run keeps its single run_start. Resumed in place, the run directory's own log is cut back;
+    resumed into another run directory, the log is copied from the run that wrote the checkpoint (the directory
+    above its `checkpoints/`, else the run_dir its config names); a log counts as the run's when its first `size`
+    bytes hold the run_start stamped `t_start` (the checkpoint's). A log of another run in the run directory is
+    never overwritten (one-line CheckpointError). When no log is found (or the run kept none: `size` None), the new
+    log starts with a comment line saying so and the compliance checker rejects it (no run_start): the run's result
+    stands, its log is not a complete MLPerf log. `info`: the checkpoint's validated trainer.json.
+    """
+    log_path = Path(log_path)
+    candidates = _source_logs(log_path, checkpoint, info)
+    if log_path.exists() and (size is None or not _is_log_of(log_path, size, t_start)):
+        where = f"no run_start at time_ms {t_start} in its first {size} bytes" if size is not None else "it kept none"
+        raise CheckpointError(
+            f"{log_path}: not the MLLOG of the run that saved {checkpoint} ({where}); resume into a new run directory"
+        )
+    source = next((c for c in candidates if _is_log_of(c, size, t_start)), None) if size is not None else None
+    if source == log_path:  # resumed in place
+        with open(log_path, "r+b") as f:
+            f.truncate(size)
+        return
+    if source is not None:
+        with open(source, "rb") as f:
+            head = f.read(size)
+        tmp = log_path.with_name(log_path.name + ".tmp")
+        tmp.write_bytes(head)
+        os.replace(tmp, log_path)
+        return
+    tried = ", ".join(str(c) for c in candidates[1:]) or "none known"
+    if size is None:  # resumed from a run trained without the MLPerf observer
+        lost, why = "the run kept no MLLOG", "its run kept no MLLOG"
+    else:
+        lost, why = (
+            f"the MLLOG before it ({size} bytes; looked in: {tried}) was not found",
+            f"its run's MLLOG was not found ({tried})",
+        )
+    log_path.write_text(f"{_MARK}{checkpoint} at step {step}; {lost}, so this log is incomplete\n")
+    _warn(f"resuming {checkpoint}: {why}; {log_path} starts incomplete")
+
+
+def _warn(message: str) -> None:
+    print(f"scaletrain: warning: {message}", file=sys.stderr, flush=True)

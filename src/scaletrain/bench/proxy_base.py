@@ -62,6 +62,6 @@ def ensure_proxy_base(cfg: Config, console=None, extra_overrides: tuple[str, ...
         raise RuntimeError(
             f"proxy base training did not reach eval loss {base.train.target_eval_loss}: {result.get('reason')}"
         )
-    # No harness state: the base is loaded as weights (checkpoint.init_from), never resumed as a timed run.
+    # No loop state: the base is loaded as weights (checkpoint.init_from), never resumed as a timed run.
     engine.save_checkpoint({})
     return str(store.complete_checkpoints(root / "checkpoints")[-1])

@@ -1,5 +1,6 @@
-"""The MLPerf gpt3 and llama2_70b_lora rules as code: what the init phase logs, which closed-division rules a config
-breaks, eval cadence (with llama2_70b_lora's skipped first evaluations).
+"""The MLPerf gpt3 and llama2_70b_lora rules as code: what the init phase logs and which closed-division rules a
+config breaks. The eval cadence (with llama2_70b_lora's skipped first evaluations) and the step budget are the
+training loop's schedule (train/schedule.py).
 
 Sources: MLCommons training_policies (training_rules.adoc as of v4.1) and the `mlperf-logging` 4.1.x rules files
 (training_4.1.0/closed_gpt3.yaml, closed_llama2_70b_lora.yaml); summarised in docs/benchmarks.md sections
@@ -19,22 +20,15 @@ from mlperf_logging.mllog import constants as C
 
 from scaletrain import benchmarks
 from scaletrain.config import Config
-from scaletrain.sim.mlperf import skipped_evals  # stdlib only; the one definition of the skip rule
 
 __all__ = [
     "GPT3",
     "LLAMA2_LORA",
-    "Cadence",
     "submission_benchmark",
     "is_lora",
     "mllog_hparams",
     "official_rule_violations",
-    "eval_every_steps",
-    "eval_skip",
-    "next_eval_step",
-    "tokens_per_step",
     "gradient_accumulation_steps",
-    "max_benchmark_steps",
 ]
 
 
@@ -112,76 +106,6 @@ def gradient_accumulation_steps(cfg: Config, dp_size: int = 1) -> int:
             f"train.micro_batch_size={cfg.train.micro_batch_size} x dp_size={dp_size}"
         )
     return cfg.train.global_batch_size // per_pass
-
-
-def tokens_per_step(cfg: Config) -> int:
-    """Training tokens one optimizer step consumes: GBS * seq_len (every position of a training sample has a label)."""
-    return cfg.train.global_batch_size * cfg.model.seq_len
-
-
-def eval_every_steps(cfg: Config) -> int:
-    """Optimizer steps between evaluations: ceil(eval_interval_samples / GBS) (gpt3: 12 at GBS 2048)."""
-    return math.ceil(cfg.train.eval_interval_samples / cfg.train.global_batch_size)
-
-
-def eval_skip(cfg: Config) -> int:
-    """Evaluations not run at the start of a run: floor(0.125*GBS + 2) for llama2_70b_lora (and its proxy), else 0.
-
-    training_rules.adoc (v4.1, "Evaluation frequency"): "Every 384 sequences, CEIL(384 / global_batch_size) steps
-    if 384 is not divisible by GBS. Skipping first FLOOR(0.125*global_batch_size+2) evaluations". Skipped means not
-    run and not logged (NVIDIA's NeMo config sets its first val_check_interval to (SKIP_EVALS+1)*384//GBS steps):
-    evaluation k falls after k intervals and the first one run is k = skip + 1 (GBS 8: 3 skipped, first at 1536
-    samples). Same rule as scaletrain.sim.mlperf, which this calls.
-    """
-    return skipped_evals(benchmarks.get(cfg.bench.benchmark).name, cfg.train.global_batch_size)
-
-
-def next_eval_step(cfg: Config, steps: int) -> int:
-    """The step of the first evaluation after `steps` (0 = run start): a multiple of eval_every_steps past the skip.
-
-    Computed from the step count alone, so a run resumed from a checkpoint lands on the same cadence.
-    """
-    every = eval_every_steps(cfg)
-    return max(steps // every + 1, eval_skip(cfg) + 1) * every
-
-
-class Cadence:
-    """A timed run's cadence and units, fixed by the config: evaluation steps, step budget, target, per-step counts,
-    and the MLLOG metadata that counts them (gpt3: tokens as epoch_num; llama2_70b_lora: samples_count)."""
-
-    def __init__(self, cfg: Config) -> None:
-        self.cfg = cfg
-        self.lora = is_lora(cfg)
-        self.limit = max_benchmark_steps(cfg)
-        self.target = cfg.train.target_eval_loss
-        self.tps = tokens_per_step(cfg)
-        self.gbs = cfg.train.global_batch_size
-
-    def next_stop(self, steps: int) -> int:
-        """Where the next block ends: the next evaluation step, or the budget, whichever comes first."""
-        return min(next_eval_step(self.cfg, steps), self.limit)
-
-    def block_meta(self, first: int, last: int, stop: bool) -> dict:
-        """block_start/block_stop metadata for steps first+1..last: tokens (gpt3) or samples now (lora)."""
-        if self.lora:
-            return {C.SAMPLES_COUNT: (last if stop else first) * self.gbs}
-        return {"first_epoch_num": first * self.tps, "epoch_count": (last - first) * self.tps}
-
-    def point_meta(self, steps: int) -> dict:
-        """eval_start/eval_accuracy/eval_stop metadata after `steps` steps."""
-        return {C.SAMPLES_COUNT: steps * self.gbs} if self.lora else {"epoch_num": steps * self.tps}
-
-
-def max_benchmark_steps(cfg: Config) -> int:
-    """Step budget of a timed run, counted from the start checkpoint.
-
-    train.max_steps when set; otherwise the steps left until the cosine decay ends (the schedule's origin is the
-    checkpoint's step 0, so the checkpoint's steps are already spent).
-    """
-    if cfg.train.max_steps:
-        return cfg.train.max_steps
-    gbs = cfg.train.global_batch_size
-    return max(1, cfg.optim.decay_steps(gbs) - cfg.optim.init_checkpoint_step(gbs))
 
 
 def mllog_hparams(
@@ -324,14 +248,14 @@ def official_rule_violations(cfg: Config) -> list[str]:
             f"optim.{field}={getattr(o, field)} gives {name} step {have} at GBS {gbs}; gpt3 requires {want}",
         )
 
-    for field, want in (
+    for field, fixed in (
         ("beta1", GPT3.BETA1),
         ("beta2", GPT3.BETA2),
         ("eps", GPT3.EPS),
         ("weight_decay", GPT3.WEIGHT_DECAY),
         ("grad_clip", GPT3.GRAD_CLIP),
     ):
-        need(not _neq(getattr(o, field), want), f"optim.{field}={getattr(o, field):g}: gpt3 requires {want:g}")
+        need(not _neq(getattr(o, field), fixed), f"optim.{field}={getattr(o, field):g}: gpt3 requires {fixed:g}")
     need(
         not _neq(t.target_eval_loss, GPT3.TARGET),
         f"train.target_eval_loss={t.target_eval_loss:g}: gpt3 requires {GPT3.TARGET}",

@@ -1,7 +1,8 @@
-"""A scripted Engine: no model, deterministic fake losses. Drives the harness in tests and dry runs of the protocol.
+"""A scripted Engine: no model, deterministic fake losses, driven by the real training loop (train/loop.py) in tests
+and dry runs of the MLPerf protocol.
 
-`scripted_run` writes a whole benchmark log through the real harness and MLLOG writer with this engine, so a log at
-the official hyperparameters can be checked by MLCommons' checker without the hardware those need.
+`scripted_run` writes a whole benchmark log through the real loop, MLPerf observer and MLLOG writer with this engine,
+so a log at the official hyperparameters can be checked by MLCommons' checker without the hardware those need.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from scaletrain.config import Config, resolve
+from scaletrain.train.protocol import NonFiniteLoss
 
-from .harness import NonFiniteLoss, run_once
+from .harness import run_once
 
 __all__ = ["ScriptedEngine", "scripted_run", "lora_reference_config", "LORA_REFERENCE_SCHEDULE"]
 
@@ -31,7 +33,8 @@ class ScriptedEngine:
     """Engine whose evaluate() returns `eval_losses` in turn (the last one repeats) and whose train_step is instant.
 
     `nan_at_step` (1-based, counted from init) makes that train_step raise NonFiniteLoss like a real engine would.
-    `calls` records the protocol calls in order, so tests can assert the harness drove the engine correctly.
+    `calls` records the protocol calls in order, so tests can assert the loop drove the engine correctly. It never
+    saves a checkpoint, receives no stop signal and resumes nothing.
     """
 
     def __init__(
@@ -55,6 +58,11 @@ class ScriptedEngine:
         self.n_evals = 0
         self.calls: list[str] = []
         self.finished: dict | None = None
+        self.resume_path: Path | None = None
+
+    def resume_state(self) -> dict | None:
+        """Nothing to resume."""
+        return None
 
     def init(self) -> None:
         """Nothing to build; resets the counters, as a real engine resets to the seed's initial state."""
@@ -77,6 +85,18 @@ class ScriptedEngine:
         self.n_evals += 1
         return float(loss)
 
+    def stop_signal(self) -> int:
+        """No stop signal."""
+        return 0
+
+    def checkpoint_due(self) -> bool:
+        """Never saves."""
+        return False
+
+    def save_checkpoint(self, loop_state: dict) -> Path:
+        """Not reached: checkpoint_due() is False and no stop signal arrives."""
+        raise RuntimeError("a ScriptedEngine saves no checkpoints")
+
     def finish(self, result: dict) -> None:
         """Keep the result for inspection."""
         self.calls.append("finish")
@@ -96,7 +116,8 @@ def scripted_run(
     platform: str | None = None,
     **engine_kwargs,
 ) -> tuple[dict, ScriptedEngine]:
-    """One timed run of cfg.bench.benchmark through the real harness (`run_once`) with a ScriptedEngine whose
-    evaluations return `eval_losses` in turn; writes run_dir/mllog.txt and result.json. Returns (result, engine)."""
+    """One timed run of cfg.bench.benchmark through the real loop and MLPerf observer (`run_once`) with a
+    ScriptedEngine whose evaluations return `eval_losses` in turn; writes run_dir/mllog.txt and result.json.
+    Returns (result, engine)."""
     engine = ScriptedEngine(cfg, eval_losses=eval_losses, **engine_kwargs)
     return run_once(cfg, engine, run_dir, dp_size=dp_size, platform=platform), engine

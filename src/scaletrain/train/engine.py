@@ -1,4 +1,4 @@
-"""The training engine: model parts, optimizer, data and metrics of one run, stepped by the benchmark harness.
+"""The training engine: model parts, optimizer, data and metrics of one run, stepped by the training loop (loop.py).
 
 One `train_step()` is one optimizer step over one global batch; `evaluate()` covers the whole validation set.
 `init()` is the untimed part of an MLPerf run: join the mesh, build and parallelize the model, warm up on
@@ -16,11 +16,11 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 
-from scaletrain.bench.harness import NonFiniteLoss
 from scaletrain.config import Config
 from scaletrain.model.flops import flops_per_token, peak_tflops
 from scaletrain.model.loss import IGNORE_INDEX, loss_sum
@@ -30,6 +30,7 @@ from scaletrain.train.grad_norm import align_grad_placements, clip_grads_, total
 from scaletrain.train.host import check_host_memory, peak_memory_gib, setup_cpu
 from scaletrain.train.metrics import MetricsLogger
 from scaletrain.train.optim import build_optimizer, lr_at, set_lr
+from scaletrain.train.protocol import NonFiniteLoss
 from scaletrain.train.signals import StopSignals
 
 
@@ -37,8 +38,8 @@ from scaletrain.train.signals import StopSignals
 class Datasets:
     """Training samples and the fixed validation set of a run."""
 
-    train: object  # scaletrain.data.samples.TrainSamples
-    valid: object  # scaletrain.data.samples.ValidSamples
+    train: Any  # scaletrain.data.samples.TrainSamples (or the SFT set with the same sampling interface)
+    valid: Any  # scaletrain.data.samples.ValidSamples
 
 
 def resolve_device(name: str) -> torch.device:
@@ -69,7 +70,7 @@ def load_datasets(cfg: Config, seed: int) -> Datasets:
 
 
 class Trainer:
-    """Implements the harness's Engine protocol on one process or on every rank of a layout (cfg.parallel)."""
+    """Implements the loop's Engine protocol on one process or on every rank of a layout (cfg.parallel)."""
 
     def __init__(self, cfg: Config, run_dir: str | Path, seed: int | None = None, datasets: Datasets | None = None):
         self.cfg = cfg
@@ -91,19 +92,20 @@ class Trainer:
         self.train_samples = int(getattr(self.data.train, "num_samples", 0))
         self.eval_samples = int(getattr(self.data.valid, "num_sequences", 0))
         self.peak = peak_tflops(self.device)
-        self.mesh = None
-        self.pm = None
-        self.schedule = None
+        self.mesh: Any = None  # DeviceMesh of the layout, built in init() (None on one process)
+        self.pm: Any = None  # parallel.parallelize.ParallelModel, built in init()
+        self.schedule: Any = None  # the pipeline schedule when parallel.pp > 1
         self.optimizers: list = []  # one per model part, so optimizer state is named like the parameters
         from scaletrain.checkpoint.checkpointer import Checkpointer
 
         self.checkpointer = Checkpointer(cfg, self.run_dir)
         self.resume_path = self.checkpointer.find(cfg.checkpoint.resume)
-        self.resume_info = None
+        self._resume_info: dict | None = None
         if self.resume_path is not None:
             from scaletrain.checkpoint.safe_load import read_trainer
 
-            self.resume_info = read_trainer(self.resume_path)  # types checked: a one-line error, not a KeyError later
+            # Read now, types checked: a bad checkpoint is a one-line error before any work, not a KeyError later.
+            self._resume_info = read_trainer(self.resume_path)
         self.metrics: MetricsLogger | None = None
         self.stop_signals = StopSignals()  # SIGTERM/SIGUSR1: save and stop (installed for init..finish)
         self.step = 0  # optimizer steps taken since run start
@@ -123,6 +125,10 @@ class Trainer:
         return f"{self.world_size}x{name}"
 
     # ------------------------------------------------------------------ engine protocol
+    def resume_state(self) -> dict | None:
+        """trainer.json of the checkpoint init() resumes (checkpoint.resume), or None for a fresh run."""
+        return self._resume_info
+
     def init(self) -> None:
         """Untimed: threads, mesh, parallelized build, warm-up on synthetic tokens, reset to the cold-start state."""
         from scaletrain.parallel.parallelize import parallelize
@@ -204,7 +210,7 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
         tokens_per_s = self.global_batch_size * self.seq_len / dt
-        record = {
+        record: dict[str, Any] = {
             "step": self.step,
             "loss": loss,
             "lr": lr,
@@ -240,7 +246,7 @@ class Trainer:
         return value
 
     def finish(self, result: dict) -> None:
-        """Publish a pending asynchronous checkpoint and close metrics sinks; the harness writes result.json."""
+        """Publish a pending asynchronous checkpoint and close metrics sinks; the loop writes result.json."""
         self.stop_signals.uninstall()
         try:
             self.checkpointer.finish()
@@ -248,9 +254,9 @@ class Trainer:
             if self.metrics is not None:
                 self.metrics.close()
 
-    # ------------------------------------------------------------------ checkpoints (harness hooks)
+    # ------------------------------------------------------------------ checkpoints (asked by the loop)
     def checkpoint_due(self) -> bool:
-        """Whether the harness should save now (called after an evaluation; same answer on all ranks)."""
+        """Whether the loop should save now (called after an evaluation; same answer on all ranks)."""
         if self.step == self.checkpointer.last_step:
             return False  # this step is already saved (a signal save just before its evaluation, then resumed)
         return self.checkpointer.due(self.step)
@@ -259,13 +265,14 @@ class Trainer:
         """SIGTERM/SIGUSR1 number when any rank received one since init(), else 0; same on all ranks (collective)."""
         return self.stop_signals.agreed(self.device)
 
-    def save_checkpoint(self, harness_state: dict) -> Path:
-        """Save model, optimizers and trainer/harness state at the current step; returns the checkpoint's path."""
+    def save_checkpoint(self, loop_state: dict) -> Path:
+        """Save model, optimizers and trainer state at the current step, the loop's state under "loop" in
+        trainer.json (`{}`: none, a checkpoint only ever loaded as weights); returns the checkpoint's path."""
         from scaletrain.checkpoint.checkpointer import trainer_state
 
-        return self.checkpointer.save(
-            self.step, self.pm.parts, self.optimizers, trainer_state(self.step, self.cfg, self.layout, harness_state)
-        )
+        # The loop state replaces the "harness" entry that checkpoints before train/loop.py carried.
+        state = {k: v for k, v in trainer_state(self.step, self.cfg, self.layout, None).items() if k != "harness"}
+        return self.checkpointer.save(self.step, self.pm.parts, self.optimizers, {**state, "loop": loop_state})
 
     def _load_init_weights(self) -> None:
         from scaletrain.checkpoint.init_from import check_compatible, load_base_weights, read_base_state
@@ -378,7 +385,7 @@ class Trainer:
             args = (inputs,) if self.pm.has_first_stage else ()
             self.schedule.step(*args, target=labels if last else None, losses=losses)
         total = (
-            sum(self._scalar(x.detach()).double() for x in losses)
+            cast(torch.Tensor, sum(self._scalar(x.detach()).double() for x in losses))
             if losses
             else torch.zeros((), dtype=torch.float64, device=self.device)
         )
@@ -398,7 +405,7 @@ class Trainer:
             self.schedule.eval(*args, target=labels if last else None, losses=losses)
         if not losses:
             return torch.zeros((), dtype=torch.float64, device=self.device)
-        return sum(self._scalar(x.detach()).double() for x in losses)
+        return cast(torch.Tensor, sum(self._scalar(x.detach()).double() for x in losses))
 
     def _eval_batches(self):
         """This dp rank's validation batches, padded to a fixed count and shape on every rank.

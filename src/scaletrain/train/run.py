@@ -1,13 +1,23 @@
-"""`scaletrain train` and `scaletrain bench`: the Trainer driven by the MLPerf harness."""
+"""`scaletrain train`: one run of the Trainer through the training loop (loop.py); exit codes by outcome.
+
+Observers (the MLPerf log of the command line, bench/harness.py) are attached by the caller: a plain Python call
+`train(cfg)` trains, writes config.json, metrics.jsonl, TensorBoard and result.json, and never imports `bench/`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from scaletrain.config import Config
+from scaletrain.train.protocol import Observer
+
+ObserverFactory = Callable[[Config, Any, Path, bool], Sequence[Observer]]
+"""(cfg, engine, run_dir, writer) -> the observers of that run; called once the engine (a Trainer) is built."""
 
 
 def default_console() -> Console:
@@ -23,16 +33,19 @@ def _make_engine(cfg: Config, seed: int, run_dir: Path):
     return Trainer(cfg, run_dir, seed=seed)
 
 
-def train(cfg: Config, console: Console | None = None, overwrite: bool = False) -> dict:
-    """One run to the target: config.json, metrics.jsonl, mllog.txt, result.json and TensorBoard in train.run_dir.
+def train(
+    cfg: Config, console: Console | None = None, overwrite: bool = False, observers: ObserverFactory | None = None
+) -> dict:
+    """One run to the target: config.json, metrics.jsonl, result.json and TensorBoard in train.run_dir, plus what
+    the `observers` write (`scaletrain train` attaches the MLPerf log, mllog.txt).
 
     Under torchrun every rank trains; rank 0 alone writes files and prints. The run directory is locked for the
     run; one that holds another run is refused unless resumed or `overwrite` (see train/rundir.py), and
     resuming (auto) a run that already finished returns its result without training again.
     """
-    from scaletrain.bench.harness import run_once
     from scaletrain.train.distributed import init_distributed, is_writer
     from scaletrain.train.engine import resolve_device
+    from scaletrain.train.loop import run_loop
     from scaletrain.train.rundir import RunDirClaim
 
     console = console or default_console()
@@ -62,14 +75,8 @@ def train(cfg: Config, console: Console | None = None, overwrite: bool = False) 
             console.print(
                 f"layout: {engine.layout.describe()} ({engine.layout.data_parallel_kind}), device {engine.device}"
             )
-        result = run_once(
-            cfg,
-            engine,
-            run_dir,
-            dp_size=engine.layout.dp,
-            platform=cfg.bench.platform or engine.platform,
-            writer=writer,
-        )
+        attached = observers(cfg, engine, run_dir, writer) if observers is not None else ()
+        result = run_loop(cfg, engine, run_dir, attached, writer=writer)
     if not writer:
         return result
     table = Table(title=f"scaletrain train ({cfg.preset or 'custom'})")
@@ -107,56 +114,6 @@ def outcome_of(result: dict) -> str:
 def exit_code(result: dict) -> int:
     """0 = converged or stopped by the step budget, 1 = diverged or crashed."""
     return EXIT_CODES.get(outcome_of(result), 1)
-
-
-def bench_exit_code(summary: dict) -> int:
-    """0 unless a run diverged or crashed, or a log failed the compliance check (not converging is a score)."""
-    if any(exit_code(r) for r in summary.get("runs", [])):
-        return 1
-    return 1 if summary.get("compliant_all") is False else 0
-
-
-def bench(cfg: Config, out_dir: Path, console: Console | None = None, overwrite: bool = False) -> dict:
-    """cfg.bench.runs runs with distinct seeds under out_dir/run_i, checked and scored into summary.json.
-
-    out_dir is locked and treated like a run directory (train/rundir.py): one that holds another benchmark is
-    refused unless --resume auto (keep finished runs) or `overwrite`; the default runs/bench is moved aside.
-    """
-    from scaletrain.bench.harness import run_benchmark
-    from scaletrain.parallel.layout import Layout
-    from scaletrain.train.distributed import init_distributed, is_writer
-    from scaletrain.train.engine import resolve_device
-    from scaletrain.train.rundir import RunDirClaim
-
-    device = resolve_device(cfg.train.device)
-    _, world = init_distributed(device)
-    layout = Layout.from_config(cfg, world)  # every layout problem before the first run directory is made
-    if device.type == "cpu":
-        from scaletrain.train.host import check_host_memory
-
-        check_host_memory(cfg, layout)
-    name = torch_device_name(device)
-    writer = is_writer()
-    with RunDirClaim(
-        out_dir,
-        writer=writer,
-        resume=cfg.checkpoint.resume,
-        overwrite=overwrite,
-        bench=True,
-        checkpoint_dir=Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None,
-        flag="--out",
-    ) as claim:
-        claim.decide()
-        claim.apply()
-        return run_benchmark(
-            cfg,
-            _make_engine,
-            out_dir,
-            console=console or default_console(),
-            dp_size=layout.dp,
-            platform=cfg.bench.platform or f"{world}x{name}",
-            writer=writer,
-        )
 
 
 def torch_device_name(device) -> str:
