@@ -28,11 +28,6 @@ GB = 1e9
 LOGIT_BYTES = 6
 """Per logit on the last stage: the fp32 softmax the vocab-parallel loss keeps for backward (4) plus the bf16 logits
 it was cast from, alive beside it at the loss (2)."""
-LORA_DROPOUT_BYTES = 3
-"""Per element of an adapted projection's input: the adapter's dropout output (bf16) and its 1-byte mask (MLPerf's
-LoRA rules fix adapter dropout at 0.1, so it is always on)."""
-# Adapter input: (group, width) — "rep" inputs are sequence-sharded only under SP, "shard" ones are TP-sharded.
-_LORA_INPUTS = {"qkv": ("rep", 1), "proj": ("shard", 1), "fc1": ("rep", 1), "fc2": ("shard", 0)}
 
 
 def bytes_per_param(zero: int, d: int, bf16_grads: bool = False) -> tuple[float, float, float]:
@@ -56,24 +51,7 @@ def _layer_terms(w: Workload, layout: ClusterLayout, dropout: bool) -> tuple[flo
     inputs 4. Generalised: K and V are kv_heads·head_dim wide (GQA), and SwiGLU keeps gate and up (2·ffn, needed for
     its backward) plus its output, the fc2 input (ffn); an unfused eager SwiGLU would also keep silu(gate).
     """
-    h, f, t = w.hidden, w.ffn, layout.tp
-    kv = max(w.kv_heads, t) * w.head_dim  # with t > kv_heads each rank keeps one replicated KV head
-    g = 1 if layout.fp8 else 2  # bytes of a GEMM input saved for the weight gradient
-    rep = 2 * h + g * h + 2 * h + g * h  # norm 1 input, QKV GEMM input, norm 2 input, fc1 GEMM input
-    if dropout:
-        rep += 2 * h  # 1-byte masks of the two hidden dropouts (after projection and fc2); none in MLPerf runs
-    shard = 2 * h + 2 * 2 * kv + 2 * h + (h if layout.fp8 else 0)  # Q, K, V, attention output (+ its FP8 copy)
-    shard += (2 * 2 * f if w.gated_mlp else 2 * f) + g * f  # fc1 output (gate+up or GELU input), fc2 input
-    if w.lora:
-        # A frozen GEMM computes only its input gradient (dY·W^T), so it keeps no input of its own; the adapters
-        # keep theirs (the dropout output below). Norm inputs and flash attention's Q, K, V and output stay.
-        rep -= g * h + g * h
-        shard -= g * f + (h if layout.fp8 else 0)
-        for target in w.lora_targets:
-            group, is_hidden = _LORA_INPUTS.get(target, ("shard", 1))
-            extra = LORA_DROPOUT_BYTES * (h if is_hidden else f)
-            rep, shard = (rep + extra, shard) if group == "rep" else (rep, shard + extra)
-    return rep, shard
+    return w.inventory.saved_per_token(layout.tp, layout.fp8, dropout)
 
 
 def activation_bytes_per_layer(w: Workload, layout: ClusterLayout, dropout: bool = True) -> float:
