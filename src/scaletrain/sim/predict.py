@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from scaletrain.model.flops import DENSE_BF16_PEAK_TFLOPS
 from scaletrain.sim import memory, mlperf
 from scaletrain.sim.catalog import Catalog, load_catalog
 from scaletrain.sim.comm import Cluster
@@ -151,7 +150,7 @@ def predict(
     tokens_per_s = layout.gbs * w.seq_len / st.step_time_s
     per_gpu = tokens_per_s / layout.gpus
     tflops = per_gpu * w.flops_per_token / 1e12
-    peak = DENSE_BF16_PEAK_TFLOPS.get(g.key, g.bf16_tflops)
+    peak = g.bf16_tflops  # MFU is always against the dense bf16 peak, as the trainer reports it
     steps = evals = ev_s = train_s = ttt = None
     ttt_parts: dict = {}
     bench = benchmark or BENCHMARK_OF.get(w.name)

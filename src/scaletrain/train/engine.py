@@ -22,9 +22,10 @@ import torch.distributed as dist
 
 from scaletrain.bench.harness import NonFiniteLoss
 from scaletrain.config import Config
-from scaletrain.model.flops import flops_per_token, peak_tflops
+from scaletrain.model.flops import flops_per_token
 from scaletrain.model.loss import IGNORE_INDEX, loss_sum
 from scaletrain.parallel.layout import Layout
+from scaletrain.sim.catalog import mfu_peak
 from scaletrain.train.distributed import init_distributed, local_rank
 from scaletrain.train.grad_norm import align_grad_placements, clip_grads_, total_grad_norm
 from scaletrain.train.host import check_host_memory, peak_memory_gib, setup_cpu
@@ -90,7 +91,7 @@ class Trainer:
         # llama2_70b_lora logs the dataset sizes in sequences (GovReport: 3901 train, 173 eval).
         self.train_samples = int(getattr(self.data.train, "num_samples", 0))
         self.eval_samples = int(getattr(self.data.valid, "num_sequences", 0))
-        self.peak = peak_tflops(self.device)
+        self.peak = mfu_peak(torch.cuda.get_device_name(self.device)) if self.device.type == "cuda" else None
         self.mesh = None
         self.pm = None
         self.schedule = None
