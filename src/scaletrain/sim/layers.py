@@ -80,6 +80,13 @@ class Gemm:
         """Forward FLOPs per token."""
         return 2.0 * self.n * self.k
 
+    def local_params(self, tp: int) -> int:
+        """Parameters one tensor-parallel rank holds: a column split shares out N and its bias, a row split K
+        (its bias stays whole); "none" is replicated."""
+        n = self.n // tp if self.tp == "col" else self.n
+        k = self.k // tp if self.tp == "row" else self.k
+        return n * k + (n if self.bias else 0)
+
     def mnk(self, tokens: int, tp: int) -> tuple[int, int, int]:
         """(M, N, K) on one GPU for `tokens` rows under tensor-parallel degree `tp`."""
         n = self.n // tp if self.tp == "col" else self.n
@@ -208,6 +215,21 @@ class Inventory:
     def trainable_params(self) -> int:
         """Parameters with gradients and optimizer state: the adapters under LoRA, else all."""
         return self.adapter_params if self.shape.lora_rank > 0 else self.params
+
+    def rank_params(self, tp: int, layers: int, first: bool, last: bool) -> int:
+        """Base parameters one tensor-parallel rank of a pipeline stage holds before any data-parallel sharding:
+        `layers` layers, plus the vocabulary-parallel token embedding (and learned positions, whole) on the first
+        stage, the final norm and the output layer on the last (GPT-3 ties it to the embedding, but a last stage
+        without the embedding keeps its own copy). Norms are replicated over TP."""
+        s = self.shape
+        total = layers * (sum(g.local_params(tp) for g in self.base) + 2 * self.norm_params)
+        if first:
+            total += s.vocab // tp * s.hidden + s.positions * s.hidden
+        if last:
+            total += self.norm_params
+            if s.arch == "llama" or not first:
+                total += self.logits.local_params(tp)
+        return total
 
     def forward_flops(self, seq: int) -> dict[str, float]:
         """Forward model FLOPs per token by kind: "gemm" (base layer weights), "attn", "logits"."""

@@ -106,21 +106,26 @@ class MemoryEstimate:
         return {f.name: round(getattr(self, f.name) / (1 if f.name == "in_flight" else GIB), 2) for f in fields(self)}
 
 
+def rank_params(w: Workload, layout: ClusterLayout, first: bool, last: bool) -> int:
+    """Base parameters one TP rank of the first and/or last pipeline stage holds before ZeRO sharding (from the
+    inventory: biases, norms and embeddings included); what the dry run reads off the real sharded model."""
+    return w.inventory.rank_params(layout.tp, math.ceil(w.layers / layout.pp), first, last)
+
+
 def _rank_memory(w: Workload, layout: ClusterLayout, first: bool, last: bool, in_flight: float, dropout: bool):
     t, p, zero = layout.tp, layout.pp, layout.zero
     d = layout.dp * layout.cp
     layers = math.ceil(w.layers / p)
-    # The first stage holds the embedding shard V·h/t, the last the output head (GPT-3 ties it: a copy, kept equal).
-    emb = (w.embedding_params if first and last else w.vocab * w.hidden if first or last else 0) / t
-    layer_params = w.layer_params * layers / t
     wb, gb, ob = bytes_per_param(zero, d, layout.bf16_grads)
     if w.lora:
         # Frozen base: weights only (FP8 parameters for the layers under FP8, bf16 embedding), sharded over d by ZeRO-3.
-        weights = (layer_params * (1 if layout.fp8 else 2) + 2 * emb) / (d if zero == 3 else 1)
+        layer_params = w.inventory.rank_params(t, layers, False, False)
+        outer = w.inventory.rank_params(t, 0, first, last)
+        weights = (layer_params * (1 if layout.fp8 else 2) + 2 * outer) / (d if zero == 3 else 1)
         adapters = w.trainable_params * layers / w.layers / t  # adapters spread evenly over the layers
         weights, grads, optimizer = weights + adapters * wb, adapters * gb, adapters * ob
     else:
-        n = layer_params + emb
+        n = rank_params(w, layout, first, last)
         weights, grads, optimizer = n * wb, n * gb, n * ob
     if zero == 3:
         unit = 2.0 * w.layer_params / t  # one layer's bf16 weights, all-gathered for use
