@@ -17,7 +17,7 @@ from scaletrain.sim.catalog import load_catalog
 from scaletrain.sim.efficiency import efficiency_for
 from scaletrain.sim.predict import Prediction, predict
 from scaletrain.sim.results import bundled_results, load_results
-from scaletrain.sim.workload import ClusterLayout, load_workload
+from scaletrain.sim.workload import ClusterLayout, load_config, load_workload
 
 
 def _layout(args) -> ClusterLayout:
@@ -77,12 +77,23 @@ def print_prediction(p: Prediction, out=sys.stdout) -> None:
         )
 
 
+def _sim_inputs(args):
+    """The trainer's config -> (Workload, ClusterLayout) adapter, handed down by the CLI (parallel/sim_layout.py:
+    sim/ may not import parallel/)."""
+    adapter = getattr(args, "sim_inputs", None)
+    if adapter is None:
+        raise ValueError("reading a trainer config needs the layout adapter (run through `scaletrain`)")
+    return adapter
+
+
 def cmd_predict(args) -> int:
     """Predict step time, throughput, MFU, memory and MLPerf time-to-train for one layout on one cluster."""
-    w = load_workload(args.model, tuple(args.set))
-    p = predict(
-        w, _layout(args), args.gpu, args.node, args.fabric, args.calibration, catalog=load_catalog(args.catalog)
-    )
+    if args.from_config:
+        # The layout as `scaletrain train` would run it: parallel.* and train.* fields of the config, at --gpus ranks.
+        w, layout = _sim_inputs(args)(load_config(args.model, tuple(args.set)), args.gpus)
+    else:
+        w, layout = load_workload(args.model, tuple(args.set)), _layout(args)
+    p = predict(w, layout, args.gpu, args.node, args.fabric, args.calibration, catalog=load_catalog(args.catalog))
     if args.json:
         print(json.dumps(p.to_dict(), indent=2))
     else:
@@ -419,6 +430,12 @@ def add_parsers(sub) -> None:
         "predict", help="predict step time, memory and time-to-train on a cluster", description=cmd_predict.__doc__
     )
     common(p, True)
+    p.add_argument(
+        "--from-config",
+        action="store_true",
+        help="take the layout from the trainer config (--model preset, --set / --parallel.* / --train.* fields) "
+        "as `scaletrain train --dry-run --world-size GPUS` would run it (FSDP = ZeRO-3); layout flags are ignored",
+    )
     p.set_defaults(func=cmd_predict)
     p = sub.add_parser("plan", help="search parallel layouts for a cluster", description=cmd_plan.__doc__)
     common(p, False)

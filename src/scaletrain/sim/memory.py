@@ -112,9 +112,16 @@ def rank_params(w: Workload, layout: ClusterLayout, first: bool, last: bool) -> 
     return w.inventory.rank_params(layout.tp, math.ceil(w.layers / layout.pp), first, last)
 
 
+def local_params(w: Workload, layout: ClusterLayout, first: bool, last: bool) -> float:
+    """Base parameters one GPU of the first and/or last stage keeps between steps: `rank_params`, divided over the
+    ZeRO-3 shards (fractional where the real FSDP pads uneven shards)."""
+    n = rank_params(w, layout, first, last)
+    return n / layout.zero_shards if layout.zero == 3 else float(n)
+
+
 def _rank_memory(w: Workload, layout: ClusterLayout, first: bool, last: bool, in_flight: float, dropout: bool):
     t, p, zero = layout.tp, layout.pp, layout.zero
-    d = layout.dp * layout.cp
+    d = layout.zero_shards
     layers = math.ceil(w.layers / p)
     wb, gb, ob = bytes_per_param(zero, d, layout.bf16_grads)
     if w.lora:
@@ -157,15 +164,25 @@ def memory_per_gpu(
     `in_flight` overrides the first stage's in-flight micro-batches (e.g. with the simulated schedule's value); the
     last stage keeps its schedule count. `dropout` (hidden dropout masks) defaults off, as in both MLPerf models.
     """
-    p = layout.pp
-    first = in_flight if in_flight is not None else in_flight_microbatches(layout, 0)
-    if p == 1:
-        return _rank_memory(w, layout, True, True, first, dropout)
-    ranks = (
-        _rank_memory(w, layout, True, False, first, dropout),
-        _rank_memory(w, layout, False, True, in_flight_microbatches(layout, p - 1), dropout),
-    )
-    return max(ranks, key=lambda e: e.total)
+    ranks = {0, layout.pp - 1}
+    return max((stage_memory(w, layout, r, in_flight, dropout) for r in ranks), key=lambda e: e.total)
+
+
+def stage_memory(
+    w: Workload, layout: ClusterLayout, pp_rank: int, in_flight: float | None = None, dropout: bool = False
+) -> MemoryEstimate:
+    """Peak memory of one GPU of pipeline rank `pp_rank` (the first holds the embedding, the last the output layer).
+
+    `in_flight` overrides the first stage's in-flight micro-batches; other ranks keep their schedule count.
+    """
+    first, last = pp_rank == 0, pp_rank == layout.pp - 1
+    n = in_flight if in_flight is not None and first else in_flight_microbatches(layout, pp_rank)
+    return _rank_memory(w, layout, first, last, n, dropout)
+
+
+def usable_bytes(hbm_gb: float, reserve_gib: float = 5.0, fragmentation: float = 0.03) -> float:
+    """The largest estimate that fits `hbm_gb` vendor GB of HBM (see `fits`)."""
+    return (hbm_gb * GB - reserve_gib * GIB) / (1 + fragmentation)
 
 
 def fits(est: MemoryEstimate, hbm_gb: float, reserve_gib: float = 5.0, fragmentation: float = 0.03) -> bool:
@@ -175,12 +192,16 @@ def fits(est: MemoryEstimate, hbm_gb: float, reserve_gib: float = 5.0, fragmenta
     buffers for the TP, PP, DP and CP communicators and TP-overlap userbuffers (~2–3 GiB together), small persistent
     framework buffers. The caching allocator's fragmentation then costs `fragmentation` of what is allocated.
     """
-    return est.total * (1 + fragmentation) <= hbm_gb * GB - reserve_gib * GIB
+    return est.total <= usable_bytes(hbm_gb, reserve_gib, fragmentation)
 
 
 __all__ = [
     "MemoryEstimate",
     "memory_per_gpu",
+    "stage_memory",
+    "rank_params",
+    "local_params",
+    "usable_bytes",
     "fits",
     "activation_bytes_per_layer",
     "in_flight_microbatches",

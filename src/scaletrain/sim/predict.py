@@ -185,6 +185,8 @@ def predict(
 
 def _layout_dict(layout: ClusterLayout) -> dict:
     d = asdict(layout)
+    if not d["shard_group"]:
+        del d["shard_group"]  # the default (ZeRO over all of dp·cp); only HSDP layouts from a trainer config set it
     d["dp"] = layout.dp
     d["microbatches"] = layout.microbatches if layout.dp > 0 and layout.mbs > 0 else 0
     d["schedule"] = layout.pipeline_schedule

@@ -141,14 +141,19 @@ def model_shape(cfg: Config) -> ModelShape:
     )
 
 
-def load_workload(model: str, overrides: tuple[str, ...] = ()) -> Workload:
-    """Workload of a preset name (or benchmark alias: "gpt3", "llama2_70b_lora"), with --set style overrides."""
+def load_config(model: str, overrides: tuple[str, ...] = ()) -> Config:
+    """The trainer config of a preset name (or benchmark alias: "gpt3", "llama2_70b_lora"), with --set overrides."""
     preset = MODEL_ALIASES.get(model, model)
     try:
-        cfg = resolve(preset, overrides=list(overrides))
+        return resolve(preset, overrides=list(overrides))
     except ConfigError as exc:
         raise ConfigError(f"--model {model}: {exc}") from None
-    return workload_from_config(cfg, name=preset)
+
+
+def load_workload(model: str, overrides: tuple[str, ...] = ()) -> Workload:
+    """Workload of a preset name (or benchmark alias: "gpt3", "llama2_70b_lora"), with --set style overrides."""
+    cfg = load_config(model, overrides)
+    return workload_from_config(cfg, name=cfg.preset)
 
 
 @dataclass(frozen=True)
@@ -181,6 +186,13 @@ class ClusterLayout:
     """Keep and reduce gradients in bf16 (MLPerf gpt3 recipes); False = Megatron's default fp32 main grads."""
     schedule: str = ""
     """Pipeline schedule: "gpipe", "1f1b" or "interleaved_1f1b"; empty picks 1f1b, or interleaved when vp > 1."""
+    shard_group: int = 0
+    """Ranks the ZeRO sharding spans; 0 = all of d = dp·cp. HSDP shards over dp_shard·cp and replicates the rest."""
+
+    @property
+    def zero_shards(self) -> int:
+        """Ranks weights, gradients and optimizer state are sharded over under ZeRO (d = dp·cp unless HSDP)."""
+        return self.shard_group or self.dp * self.cp
 
     @property
     def dp(self) -> int:
@@ -259,6 +271,7 @@ __all__ = [
     "Workload",
     "ClusterLayout",
     "load_workload",
+    "load_config",
     "workload_from_config",
     "model_shape",
     "MODEL_ALIASES",
