@@ -216,8 +216,10 @@ class Trainer:
             "model_tflops": tokens_per_s * self.flops_per_token / 1e12,
             "model_tflops_per_device": tokens_per_s * self.flops_per_token / 1e12 / self.world_size,
             "peak_mem_gib": peak_memory_gib(self.device),
+            "world_size": self.world_size,  # what `sim calibrate RUN_DIR` prices the run at
         }
         if self.peak is not None:
+            record["gpu"] = self.peak[0]  # the catalog key (sim/hardware/gpus.toml)
             record["mfu"] = record["model_tflops_per_device"] / self.peak[1]
             record["mfu_peak"] = f"{self.peak[0]} dense bf16 {self.peak[1]:g} TFLOP/s"
         if self.metrics is not None and self.step % self.cfg.train.log_interval == 0:
