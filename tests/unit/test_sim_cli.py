@@ -148,7 +148,8 @@ def test_runs_are_read_from_their_files_and_default_fsdp_is_zero3(tmp_path):
 
 
 def test_sim_does_not_import_torch():
-    code = ("import sys, scaletrain.sim.commands, scaletrain.sim.predict, scaletrain.sim.plan; "
+    code = ("import sys, scaletrain.sim.commands, scaletrain.sim.predict, scaletrain.sim.plan, scaletrain.sim.runs, "
+            "scaletrain.sim.layers, scaletrain.parallel.sim_layout; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from scaletrain.config import Config, from_dict
+from scaletrain.sim.calibrate import _golden
 from scaletrain.sim.catalog import Catalog
 from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import GENERATION, efficiency_for
@@ -76,8 +77,6 @@ def calibrate_runs(runs: list[MeasuredRun], base: str | None, cat: Catalog) -> d
         groups.setdefault(GENERATION.get(g.key, g.key), []).append(
             (r.workload, r.layout, Cluster(g, n, f, r.world_size), r.step_time_s)
         )
-    from scaletrain.sim.calibrate import _golden
-
     out = {}
     for gen, group in groups.items():
         _, eff = efficiency_for(base, group[0][2].gpu.key)
