@@ -103,7 +103,7 @@ def dry_run(cfg: Config, world_size: int, device: str = "h100") -> dict:
         local = sum(math.prod(local) for _, _, local in shards)
         mem = estimate_memory(w, cluster, coords["pp"])
         first, last = coords["pp"] == 0, coords["pp"] == layout.pp - 1
-        sim_local = memory.local_params(w, cluster, first, last) + _adapters(w, cluster)
+        sim_local = memory.local_params(w, cluster, first, last)
         reports.append(RankReport(rank, coords, ids, shards, local, sim_local, mem))
     worst = max(r.memory_gib["total"] for r in reports)
     usable_gib = memory.usable_bytes(gpu.hbm_gb) / memory.GIB
@@ -131,14 +131,6 @@ def dry_run(cfg: Config, world_size: int, device: str = "h100") -> dict:
         "fits": worst <= usable_gib,
     }
     return result
-
-
-def _adapters(w: Workload, cluster: ClusterLayout) -> float:
-    """LoRA adapter parameters on one GPU in the simulator's count (spread evenly over TP; ZeRO-3 shards them)."""
-    if not w.lora:
-        return 0.0
-    n = w.trainable_params * math.ceil(w.layers / cluster.pp) / w.layers / cluster.tp
-    return n / cluster.zero_shards if cluster.zero == 3 else n
 
 
 def check_fits(result: dict) -> None:

@@ -113,10 +113,15 @@ def rank_params(w: Workload, layout: ClusterLayout, first: bool, last: bool) -> 
 
 
 def local_params(w: Workload, layout: ClusterLayout, first: bool, last: bool) -> float:
-    """Base parameters one GPU of the first and/or last stage keeps between steps: `rank_params`, divided over the
-    ZeRO-3 shards (fractional where the real FSDP pads uneven shards)."""
-    n = rank_params(w, layout, first, last)
+    """Parameters one GPU of the first and/or last stage keeps between steps: `rank_params` plus LoRA adapters
+    (spread evenly over TP, as the memory model counts them), divided over the ZeRO-3 shards (fractional where the
+    real FSDP pads uneven shards)."""
+    n = rank_params(w, layout, first, last) + _adapter_params(w, layout)
     return n / layout.zero_shards if layout.zero == 3 else float(n)
+
+
+def _adapter_params(w: Workload, layout: ClusterLayout) -> float:
+    return w.trainable_params * math.ceil(w.layers / layout.pp) / w.layers / layout.tp if w.lora else 0.0
 
 
 def _rank_memory(w: Workload, layout: ClusterLayout, first: bool, last: bool, in_flight: float, dropout: bool):
@@ -129,7 +134,7 @@ def _rank_memory(w: Workload, layout: ClusterLayout, first: bool, last: bool, in
         layer_params = w.inventory.rank_params(t, layers, False, False)
         outer = w.inventory.rank_params(t, 0, first, last)
         weights = (layer_params * (1 if layout.fp8 else 2) + 2 * outer) / (d if zero == 3 else 1)
-        adapters = w.trainable_params * layers / w.layers / t  # adapters spread evenly over the layers
+        adapters = _adapter_params(w, layout)  # adapters spread evenly over the layers
         weights, grads, optimizer = weights + adapters * wb, adapters * gb, adapters * ob
     else:
         n = rank_params(w, layout, first, last)
