@@ -196,9 +196,10 @@ def cmd_validate(args) -> int:
         r = s.row
         lay = f"TP{r.tp} PP{r.pp} VP{r.vp} CP{r.cp} GBS{r.gbs}"
         perf = "-" if s.perf_error is None else f"{100 * s.perf_error:+.1f}%"
+        err = "-" if s.error is None else f"{100 * s.error:+6.1f}%"
         print(
             f"{r.benchmark:16} {r.round:5} {r.gpu:5} {r.gpus:6d} {lay:22} {s.step_time_s:7.3f} "
-            f"{s.predicted_min:9.2f} {s.published_min:9.2f} {100 * s.error:+6.1f}% {perf:>8}"
+            f"{s.predicted_min:9.2f} {s.published_min:9.2f} {err:>7} {perf:>8}"
         )
     for b, v in summary.items():
         t, p = v["ttt"], v["perf"]
