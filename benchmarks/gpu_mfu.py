@@ -41,10 +41,11 @@ from pathlib import Path
 import torch
 
 from scaletrain.config import resolve
-from scaletrain.model.flops import flops_per_token, peak_tflops
+from scaletrain.model.flops import flops_per_token
 from scaletrain.model.gpt import GPT, causal_attention
 from scaletrain.model.loss import loss_sum
 from scaletrain.sim import calibrate as cal
+from scaletrain.sim.catalog import mfu_peak
 from scaletrain.sim.compute import layer_gemms
 from scaletrain.sim.efficiency import GENERATION
 from scaletrain.sim.workload import ClusterLayout, load_workload
@@ -121,6 +122,11 @@ def free(device: torch.device) -> None:
 
 
 # --- environment
+def peak_tflops(device: torch.device) -> tuple[str, float] | None:
+    """(catalog key, dense bf16 TFLOP/s) of a CUDA device, as the trainer's MFU takes it; None on CPU or an unknown GPU."""
+    return mfu_peak(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+
+
 def environment(device: torch.device) -> dict:
     env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else
            (platform.processor() or platform.machine()), "torch": torch.__version__, "cuda": torch.version.cuda,

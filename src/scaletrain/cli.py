@@ -461,6 +461,9 @@ def _run(args) -> int:
 def _run_sim(args) -> int:
     # The simulator is pure Python: a wrong value anywhere (unknown GPU, layout, CSV, calibration) is a
     # ValueError subclass with a one-line message.
+    from scaletrain.parallel.sim_layout import sim_inputs  # torch-free; sim/ may not import parallel/ itself
+
+    args.sim_inputs = sim_inputs
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as exc:

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scaletrain.model.flops import DENSE_BF16_PEAK_TFLOPS
-from scaletrain.sim.catalog import DEFAULT_NODE, CatalogError, load_catalog
+from scaletrain.sim.catalog import CatalogError, load_catalog, mfu_peak
 
 GPUS = ("a100", "h100", "h200", "b200", "gb200", "gb300")
 NODES = ("hgx-h100", "nd-h100-v5", "hgx-h200", "nd-h200-v5", "dgx-a100", "dgx-b200", "nd-gb200-v6", "gb200-nvl72",
@@ -103,7 +102,7 @@ def test_shipped_catalog_has_six_gpus_and_every_node_and_fabric():
         assert node.nvlink_domain % node.gpus_per_node == 0
     # Every GPU has a default node that holds it.
     for gpu in GPUS:
-        assert cat.node(DEFAULT_NODE[gpu]).gpu == gpu
+        assert cat.node(cat.gpu(gpu).default_node).gpu == gpu
 
 
 def test_gpu_figures_match_the_reference_table():
@@ -125,8 +124,8 @@ def test_gpu_figures_match_the_reference_table():
         assert g.matmul_bf16_tflops < g.bf16_tflops
         assert g.matmul_fp8_tflops <= g.fp8_tflops
         assert g.hbm_copy_tbps <= g.hbm_tbps
-        # The trainer's MFU denominator and the simulator's catalog agree.
-        assert DENSE_BF16_PEAK_TFLOPS[key] == g.bf16_tflops
+        # The trainer's MFU denominator is this catalog's dense bf16 peak (one table).
+        assert mfu_peak(g.name) == (key, g.bf16_tflops)
     assert cat.gpu("h200").hbm_copy_tbps == 4.3  # "[~4.3 copy]"
     assert cat.gpu("h100").matmul_fp8_tflops == 1400 and cat.gpu("h200").matmul_fp8_tflops == 1450
     # NVLink domains: 8 in HGX boards, 72 in NVL72 racks; measured busbw figures.
@@ -291,3 +290,12 @@ def test_fabric_radix_below_three_is_rejected(tmp_path, radix):
     path = _write(tmp_path, FABRIC.format(radix=radix))
     with pytest.raises(CatalogError, match="radix"):
         load_catalog(extra=[str(path)])
+
+
+@pytest.mark.parametrize("name,key,peak", [("NVIDIA H100 80GB HBM3", "h100", 989.0), ("NVIDIA H200", "h200", 989.0),
+                                           ("NVIDIA A100-SXM4-80GB", "a100", 312.0), ("NVIDIA GB200", "gb200", 2500.0),
+                                           ("NVIDIA B200", "b200", 2250.0), ("Some Other GPU", None, None)])
+def test_mfu_peak_is_the_catalogs_dense_bf16_peak_by_device_name(name, key, peak):
+    assert mfu_peak(name) == (None if key is None else (key, peak))
+    if key:
+        assert load_catalog().gpu_for_device(name).bf16_tflops == peak

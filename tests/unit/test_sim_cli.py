@@ -97,14 +97,15 @@ def test_refit_reproduces_the_shipped_efficiencies():
             assert value == pytest.approx(shipped[key][name], rel=0.02, abs=0.01), (key, name)
 
 
-def _fake_run(run_dir: Path, step_time: float) -> None:
+def _fake_run(run_dir: Path, step_time: float, world_size: int = 1, overrides=()) -> None:
     from scaletrain.config import resolve
-    cfg = resolve("gpt3-1.3b", overrides=["train.global_batch_size=16", "train.micro_batch_size=4"])
+    cfg = resolve("gpt3-1.3b", overrides=["train.global_batch_size=16", "train.micro_batch_size=4", *overrides])
     cfg.save(run_dir)
     with open(run_dir / "metrics.jsonl", "w") as f:
         for step in range(1, 11):
             f.write(json.dumps({"step": step, "step_time_s": step_time, "model_tflops": 400.0,
-                                "model_tflops_per_device": 400.0, "mfu_peak": "h200 dense bf16 989 TFLOP/s"}) + "\n")
+                                "model_tflops_per_device": 400.0, "mfu_peak": "h200 dense bf16 989 TFLOP/s",
+                                "world_size": world_size, "gpu": "h200"}) + "\n")
 
 
 def test_calibrate_from_measured_runs_moves_predictions(tmp_path, capsys, monkeypatch):
@@ -125,10 +126,30 @@ def test_calibrate_from_measured_runs_moves_predictions(tmp_path, capsys, monkey
 def test_calibrate_run_dir_errors(tmp_path, capsys):
     assert main(["sim", "calibrate", str(tmp_path)]) == 2
     assert "config.json" in capsys.readouterr().err
+    _fake_run(tmp_path / "old", 0.5)
+    lines = (tmp_path / "old" / "metrics.jsonl").read_text().replace('"world_size": 1, ', "")
+    (tmp_path / "old" / "metrics.jsonl").write_text(lines)
+    assert main(["sim", "calibrate", str(tmp_path / "old")]) == 2
+    assert "no world_size" in capsys.readouterr().err
+
+
+def test_runs_are_read_from_their_files_and_default_fsdp_is_zero3(tmp_path):
+    from scaletrain.parallel.sim_layout import sim_inputs
+    from scaletrain.sim.runs import read_run
+    _fake_run(tmp_path / "fsdp", 0.5, world_size=8, overrides=["train.global_batch_size=32", "train.micro_batch_size=2"])
+    run = read_run(tmp_path / "fsdp", sim_inputs)
+    assert (run.gpu, run.world_size, run.step_time_s) == ("h200", 8, 0.5)
+    assert (run.layout.gpus, run.layout.dp, run.layout.zero, run.layout.mbs) == (8, 8, 3, 2)  # dp_shard=-1: FSDP
+    _fake_run(tmp_path / "tp", 0.5, world_size=8, overrides=["parallel.tp=2", "parallel.dp_replicate=4",
+                                                             "parallel.dp_shard=1"])
+    run = read_run(tmp_path / "tp", sim_inputs, gpu="h100")
+    assert (run.gpu, run.layout.tp, run.layout.dp, run.layout.zero) == ("h100", 2, 4, 3)  # TP + replicate: HSDP
+    assert run.layout.zero_shards == 1
 
 
 def test_sim_does_not_import_torch():
-    code = ("import sys, scaletrain.sim.commands, scaletrain.sim.predict, scaletrain.sim.plan; "
+    code = ("import sys, scaletrain.sim.commands, scaletrain.sim.predict, scaletrain.sim.plan, scaletrain.sim.runs, "
+            "scaletrain.sim.layers, scaletrain.parallel.sim_layout; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -74,7 +74,11 @@ def test_state_per_gpu_for_each_zero_mode(zero):
     lay = ClusterLayout(gpus=64, tp=4, pp=2, gbs=64, zero=zero)  # dp 8
     d = 8
     est = memory_per_gpu(GPT3, lay)
-    n = GPT3.layer_params * GPT3.layers / (4 * 2) + GPT3.vocab * GPT3.hidden / 4  # first stage: layers + embedding
+    h = GPT3.hidden
+    # First stage: 48 layers (matrices split by TP 4, column biases too; row biases and LayerNorms whole), the
+    # vocabulary-parallel embedding and the learned positions (whole).
+    layer = GPT3.layer_params / 4 + (3 * h + 4 * h) / 4 + 2 * h + 4 * h
+    n = layer * GPT3.layers / 2 + GPT3.vocab * h / 4 + 2048 * h
     expect = {0: (2 * n, 2 * n, 12 * n), 1: (2 * n, 4 * n, 12 * n / d), 3: (2 * n / d, 2 * n / d, 12 * n / d)}[zero]
     if zero == 3:  # plus two gathered layers of bf16 weights and one layer of unsharded grads
         layer = 2 * GPT3.layer_params / 4
@@ -113,13 +117,15 @@ def test_lora_trains_only_adapters():
     adapters = LLAMA.trainable_params / 4
     assert est.grads == pytest.approx(4 * adapters)  # zero 1: fp32 grads of adapters only
     assert est.optimizer == pytest.approx(12 * adapters / 2)
-    base = LLAMA.layer_params * LLAMA.layers / 4 + LLAMA.embedding_params / 4
-    assert est.weights == pytest.approx(2 * base + 2 * adapters)  # frozen bf16 base + adapter weights
+    h = LLAMA.hidden
+    base = LLAMA.layer_params * LLAMA.layers / 4 + LLAMA.layers * 2 * h  # + two RMSNorm weights per layer (whole)
+    outer = LLAMA.embedding_params / 4 + h  # embedding and head split by TP, the final norm whole
+    assert est.weights == pytest.approx(2 * base + 2 * outer + 2 * adapters)  # frozen bf16 base + adapter weights
     full = memory_per_gpu(replace(LLAMA, lora_rank=0, trainable_params=LLAMA.params), lay)
     assert full.grads > 1000 * est.grads and full.optimizer > 1000 * est.optimizer
     # Under FP8 the frozen layers are FP8 parameters (1 byte); the embedding and head stay bf16.
     assert memory_per_gpu(LLAMA, replace(lay, fp8=True)).weights == pytest.approx(
-        base + LLAMA.embedding_params / 4 + 2 * adapters)
+        base + 2 * outer + 2 * adapters)
 
 
 def test_gpt3_512_gpu_mlperf_layout_fits_h100():

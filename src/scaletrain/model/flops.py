@@ -3,36 +3,13 @@
 Model FLOPs follow Korthikanti et al. 2022 / Megatron-LM's `num_floating_point_operations` (2 FLOPs per
 multiply-add, forward + backward = 3x forward, full s^2 attention without causal halving, no recomputation):
 with d_ff = 4h this is F/token = 72*l*h^2*(1 + s/(6h) + V/(12*l*h)); GPT-3 175B at V=51200 gives 1.0764e12.
+The simulator's per-layer inventory (`scaletrain.sim.layers`) derives the same figures op by op; a test ties them.
 """
 
 from __future__ import annotations
 
 from scaletrain.config import ModelConfig
 from scaletrain.model.spec import model_spec
-
-# Dense bf16 peaks (TFLOP/s, no sparsity) used as the MFU denominator; vendor datasheets.
-DENSE_BF16_PEAK_TFLOPS = {
-    "a100": 312.0,
-    "h100": 989.0,
-    "h200": 989.0,
-    "b200": 2250.0,
-    "gb200": 2500.0,
-    "gb300": 2500.0,
-}
-
-
-def peak_tflops(device) -> tuple[str, float] | None:
-    """(table key, dense bf16 TFLOP/s) of a CUDA device from its name, or None (CPU, unknown GPU: no MFU)."""
-    if getattr(device, "type", device) != "cuda":
-        return None
-    import torch
-
-    name = torch.cuda.get_device_name(device).lower()
-    # Longest key first, so "gb200" wins over "b200" and "h200" over nothing shorter.
-    for key in sorted(DENSE_BF16_PEAK_TFLOPS, key=len, reverse=True):
-        if key in name.replace(" ", "").replace("-", ""):
-            return key, DENSE_BF16_PEAK_TFLOPS[key]
-    return None
 
 
 def _attn_proj_params(cfg: ModelConfig) -> int:
@@ -103,5 +80,6 @@ def flops_per_token(
 
 
 def mfu(tokens_per_s: float, cfg: ModelConfig, peak_flops: float) -> float:
-    """Model FLOPs utilisation: achieved model FLOP/s over `peak_flops` (pass the dense bf16 peak)."""
+    """Model FLOPs utilisation: achieved model FLOP/s over `peak_flops` (pass the dense bf16 peak: the hardware
+    catalog's `bf16_tflops`, looked up by `scaletrain.sim.catalog.mfu_peak`)."""
     return tokens_per_s * flops_per_token(cfg) / peak_flops

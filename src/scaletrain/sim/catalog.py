@@ -46,6 +46,8 @@ class GPU:
     """Optional measured [(GFLOP, TFLOP/s), ...] for bf16 GEMMs; replaces the kernel_us roll-off."""
     gemm_curve_fp8: tuple = ()
     """Optional measured curve for FP8 GEMMs."""
+    default_node: str = ""
+    """The node `predict --gpu KEY` uses when --node is not given."""
 
 
 @dataclass(frozen=True)
@@ -90,15 +92,6 @@ class Fabric:
 
 
 _KINDS = {"gpus": GPU, "nodes": Node, "fabrics": Fabric}
-# A GPU's default node when --node is not given.
-DEFAULT_NODE = {
-    "a100": "dgx-a100",
-    "h100": "hgx-h100",
-    "h200": "hgx-h200",
-    "b200": "dgx-b200",
-    "gb200": "gb200-nvl72",
-    "gb300": "gb300-nvl72",
-}
 
 
 @dataclass
@@ -114,6 +107,18 @@ class Catalog:
     def gpu(self, key: str) -> GPU:
         """The GPU `key` (case-insensitive), or a CatalogError listing the known ones."""
         return self._get("gpus", key)
+
+    def gpu_for_device(self, device_name: str) -> GPU | None:
+        """The GPU a torch device name names ('NVIDIA H100 80GB HBM3' -> h100, 'NVIDIA GB200' -> gb200), or None.
+
+        Matches catalog keys inside the name with spaces and dashes removed, longest key first, so "gb200" wins
+        over "b200".
+        """
+        squashed = device_name.lower().replace(" ", "").replace("-", "")
+        for key in sorted(self.gpus, key=len, reverse=True):
+            if key in squashed:
+                return self.gpus[key]
+        return None
 
     def node(self, key: str) -> Node:
         """The node `key`."""
@@ -133,7 +138,7 @@ class Catalog:
     def system(self, gpu: str, node: str | None = None, fabric: str | None = None) -> tuple[GPU, Node, Fabric]:
         """Resolve a (gpu, node, fabric) triple, checking the node holds that GPU."""
         g = self.gpu(gpu)
-        n = self.node(node or DEFAULT_NODE.get(g.key, ""))
+        n = self.node(node or g.default_node)
         if n.gpu != g.key:
             raise CatalogError(f"node {n.key!r} holds {n.gpu!r} GPUs, not {g.key!r}")
         return g, n, self.fabric(fabric or n.fabric)
@@ -225,3 +230,10 @@ def load_catalog(extra: list[str] | tuple[str, ...] = ()) -> Catalog:
         if node.nvlink_domain % node.gpus_per_node:
             raise CatalogError(f"{where}: node {node.key!r}: nvlink_domain must be a multiple of gpus_per_node")
     return cat
+
+
+def mfu_peak(device_name: str) -> tuple[str, float] | None:
+    """(GPU key, dense bf16 TFLOP/s) for the trainer's MFU denominator, from a torch device name; None when the
+    catalog does not know the device (then no MFU is reported)."""
+    gpu = load_catalog().gpu_for_device(device_name)
+    return None if gpu is None else (gpu.key, gpu.bf16_tflops)

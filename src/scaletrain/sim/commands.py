@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -18,7 +17,7 @@ from scaletrain.sim.catalog import load_catalog
 from scaletrain.sim.efficiency import efficiency_for
 from scaletrain.sim.predict import Prediction, predict
 from scaletrain.sim.results import bundled_results, load_results
-from scaletrain.sim.workload import ClusterLayout, load_workload
+from scaletrain.sim.workload import ClusterLayout, load_config, load_workload
 
 
 def _layout(args) -> ClusterLayout:
@@ -79,12 +78,23 @@ def print_prediction(p: Prediction, out=sys.stdout) -> None:
         )
 
 
+def _sim_inputs(args):
+    """The trainer's config -> (Workload, ClusterLayout) adapter, handed down by the CLI (parallel/sim_layout.py:
+    sim/ may not import parallel/)."""
+    adapter = getattr(args, "sim_inputs", None)
+    if adapter is None:
+        raise ValueError("reading a trainer config needs the layout adapter (run through `scaletrain`)")
+    return adapter
+
+
 def cmd_predict(args) -> int:
     """Predict step time, throughput, MFU, memory and MLPerf time-to-train for one layout on one cluster."""
-    w = load_workload(args.model, tuple(args.set))
-    p = predict(
-        w, _layout(args), args.gpu, args.node, args.fabric, args.calibration, catalog=load_catalog(args.catalog)
-    )
+    if args.from_config:
+        # The layout as `scaletrain train` would run it: parallel.* and train.* fields of the config, at --gpus ranks.
+        w, layout = _sim_inputs(args)(load_config(args.model, tuple(args.set)), args.gpus)
+    else:
+        w, layout = load_workload(args.model, tuple(args.set)), _layout(args)
+    p = predict(w, layout, args.gpu, args.node, args.fabric, args.calibration, catalog=load_catalog(args.catalog))
     if args.json:
         print(json.dumps(p.to_dict(), indent=2))
     else:
@@ -122,9 +132,6 @@ def cmd_plan(args) -> int:
     return 0
 
 
-_ROW_FILE: dict[int, str] = {}
-
-
 def _results(paths: list[str]):
     """Rows of every file (default: the shipped calibration rows) and (where, why) for what was skipped.
 
@@ -144,15 +151,13 @@ def _results(paths: list[str]):
         except ResultsError as exc:
             errors.append((path, str(exc)))
             continue
-        for r in rep.rows:
-            _ROW_FILE[id(r)] = path
-        rows += rep.rows
+        rows += [replace(r, file=path) for r in rep.rows]
         errors += [(f"{path} line {line}", why) for line, why in rep.errors]
     return rows, errors
 
 
 def _where(r) -> str:
-    return f"{_ROW_FILE.get(id(r), r.benchmark + ' calibration')} line {r.line} ({r.system})"
+    return f"{r.file or r.benchmark + ' calibration'} line {r.line} ({r.system})"
 
 
 def _row_eff(r):
@@ -168,7 +173,7 @@ def cmd_validate(args) -> int:
     ready, bad = cal.prepare(rows, load_catalog(args.catalog))
     errors += [(_where(r), why) for r, why in bad]
     scores = cal.score_rows(ready, _row_eff)
-    by_bench = {}
+    by_bench: dict[str, list] = {}
     for s in scores:
         by_bench.setdefault(s.row.benchmark, []).append(s)
     summary = {b: {"ttt": cal.summary(v), "perf": cal.summary(v, "perf_error")} for b, v in by_bench.items()}
@@ -193,9 +198,10 @@ def cmd_validate(args) -> int:
         r = s.row
         lay = f"TP{r.tp} PP{r.pp} VP{r.vp} CP{r.cp} GBS{r.gbs}"
         perf = "-" if s.perf_error is None else f"{100 * s.perf_error:+.1f}%"
+        err = "-" if s.error is None else f"{100 * s.error:+6.1f}%"
         print(
             f"{r.benchmark:16} {r.round:5} {r.gpu:5} {r.gpus:6d} {lay:22} {s.step_time_s:7.3f} "
-            f"{s.predicted_min:9.2f} {s.published_min:9.2f} {100 * s.error:+6.1f}% {perf:>8}"
+            f"{s.predicted_min:9.2f} {s.published_min:9.2f} {err:>7} {perf:>8}"
         )
     for b, v in summary.items():
         t, p = v["ttt"], v["perf"]
@@ -240,8 +246,10 @@ def cmd_calibrate(args) -> int:
     if getattr(args, "layer_timings", None):
         doc = _calibrate_layer_timings(args, cat)
     elif args.run_dirs:
-        sets = _calibrate_runs(args.run_dirs, args.gpu, args.calibration, cat)
-        doc = {"sets": sets}
+        from scaletrain.sim.runs import calibrate_runs, read_run
+
+        runs = [read_run(d, _sim_inputs(args), args.gpu) for d in args.run_dirs]
+        doc = {"sets": calibrate_runs(runs, args.calibration, cat)}
     else:
         rows, errors = _results(args.published or [])
         for where, why in errors:
@@ -294,78 +302,6 @@ def _calibrate_layer_timings(args, cat) -> dict:
     else:
         print(toml)
     return {"sets": {f"measured/{GENERATION.get(fit['gpu'], fit['gpu'])}": eff.to_dict()}, "layer_timings": rep}
-
-
-def _calibrate_runs(run_dirs: list[str], gpu: str | None, base: str | None, cat) -> dict:
-    """Fit gemm_eff per GPU generation so the simulator's step time matches measured runs' median step time."""
-    from scaletrain.config import from_dict
-    from scaletrain.sim.comm import Cluster
-    from scaletrain.sim.efficiency import GENERATION
-    from scaletrain.sim.step import step_time
-    from scaletrain.sim.workload import workload_from_config
-
-    groups: dict[str, list] = {}
-    for d in run_dirs:
-        run = Path(d)
-        cfg_path, metrics_path = run / "config.json", run / "metrics.jsonl"
-        for path in (cfg_path, metrics_path):
-            if not path.is_file():
-                raise FileNotFoundError(f"{run}: no {path.name} (not a scaletrain run directory)")
-        cfg = from_dict(json.loads(cfg_path.read_text()))
-        records = [json.loads(line) for line in metrics_path.read_text().splitlines() if '"step_time_s"' in line]
-        if len(records) < 3:
-            raise ValueError(f"{metrics_path}: fewer than 3 timed steps")
-        key = gpu or str(records[-1].get("mfu_peak", "")).split(" ")[0]
-        if not key:
-            raise ValueError(f"{run}: ran on a device the catalog does not know (CPU?); pass --gpu to name it")
-        world = round(records[-1]["model_tflops"] / records[-1]["model_tflops_per_device"])
-        measured = statistics.median(r["step_time_s"] for r in records[len(records) // 3 :])  # past warm-up
-        p = cfg.parallel
-        dp = world // (p.tp * p.pp * p.cp)
-        layout = ClusterLayout(
-            gpus=world,
-            tp=p.tp,
-            pp=p.pp,
-            vp=p.pp_virtual,
-            cp=p.cp,
-            mbs=cfg.train.micro_batch_size,
-            gbs=cfg.train.global_batch_size,
-            sp=p.sequence_parallel,
-            recompute=p.activation_checkpoint,
-            fp8=getattr(cfg.train, "fp8", False),
-            zero=3 if p.dp_shard * dp > 1 else 0,
-            schedule=p.pp_schedule if p.pp > 1 else "",
-        )
-        g, n, f = cat.system(key)
-        groups.setdefault(GENERATION.get(g.key, g.key), []).append(
-            (workload_from_config(cfg), layout, Cluster(g, n, f, world), measured)
-        )
-    out = {}
-    for gen, runs in groups.items():
-        _, eff = efficiency_for(base, runs[0][2].gpu.key)
-
-        def err(e, runs=runs):
-            return sum(math.log(step_time(w, lay, cl, e).step_time_s / m) ** 2 for w, lay, cl, m in runs)
-
-        # GEMM efficiency first; the per-step overhead fitted at MLPerf scale (thousands of GPUs) can exceed a
-        # small run's whole step, so it is refitted too when the efficiency alone cannot match the measurement.
-        for name, lo, hi in (
-            ("gemm_eff", 0.05, 3.0),
-            ("step_overhead_s", 0.0, eff.step_overhead_s),
-            ("gemm_eff", 0.05, 3.0),
-        ):
-            if name == "step_overhead_s" and math.sqrt(err(eff) / len(runs)) < 0.01:
-                continue
-            x = cal._golden(
-                lambda v, n=name, eff=eff: err(replace(eff, **{n: v})), lo, hi, getattr(eff, name), iters=40
-            )
-            eff = replace(eff, **{name: x})
-        out[f"measured/{gen}"] = eff.to_dict()
-        print(
-            f"measured/{gen}: gemm_eff {eff.gemm_eff:.3f}, step_overhead_s {eff.step_overhead_s:.4f} from "
-            f"{len(runs)} run(s); RMS log error {math.sqrt(err(eff) / len(runs)):.4f}"
-        )
-    return out
 
 
 def cmd_plot(args) -> int:
@@ -423,6 +359,12 @@ def add_parsers(sub) -> None:
         "predict", help="predict step time, memory and time-to-train on a cluster", description=cmd_predict.__doc__
     )
     common(p, True)
+    p.add_argument(
+        "--from-config",
+        action="store_true",
+        help="take the layout from the trainer config (--model preset, --set / --parallel.* / --train.* fields) "
+        "as `scaletrain train --dry-run --world-size GPUS` would run it (FSDP = ZeRO-3); layout flags are ignored",
+    )
     p.set_defaults(func=cmd_predict)
     p = sub.add_parser("plan", help="search parallel layouts for a cluster", description=cmd_plan.__doc__)
     common(p, False)
@@ -445,7 +387,7 @@ def add_parsers(sub) -> None:
     c = ssub.add_parser("calibrate", help="fit efficiency scalars", description=cmd_calibrate.__doc__)
     c.add_argument("run_dirs", nargs="*", help="scaletrain run directories measured on a GPU")
     c.add_argument("--published", action="append", metavar="CSV", help="results CSV to fit on (default: shipped)")
-    c.add_argument("--gpu", help="catalog GPU the runs used (default: read from metrics.jsonl)")
+    c.add_argument("--gpu", help="catalog GPU the runs used (default: the 'gpu' of their metrics.jsonl records)")
     c.add_argument("--calibration", help="set whose other scalars runs start from (default newest)")
     c.add_argument("--catalog", action="append", default=[], metavar="TOML")
     c.add_argument("--out", help="write the fitted sets here (JSON; point $SCALETRAIN_EFFICIENCY at it)")

@@ -59,23 +59,9 @@ def _interp_curve(curve, gflop: float) -> float:
 
 
 def layer_gemms(w: Workload, layout: ClusterLayout) -> list[tuple[int, int, int]]:
-    """(M, N, K) of the forward GEMMs of one layer and micro-batch on one GPU (adapters included)."""
-    t = layout.tp
-    m = layout.mbs * w.seq_len // layout.cp
-    h, f, hd = w.hidden, w.ffn, w.head_dim
-    qkv = h + 2 * w.kv_heads * hd
-    gemms = [(m, qkv // t, h), (m, h, h // t), (m, f * (2 if w.gated_mlp else 1) // t, h), (m, h, f // t)]
-    if w.lora:
-        fans = {
-            "qkv": (h, qkv // t),
-            "proj": (h // t, h),
-            "fc1": (h, f * (2 if w.gated_mlp else 1) // t),
-            "fc2": (f // t, h),
-        }
-        for target in w.lora_targets:
-            fan_in, fan_out = fans[target]
-            gemms += [(m, w.lora_rank, fan_in), (m, fan_out, w.lora_rank)]
-    return gemms
+    """(M, N, K) of the forward GEMMs of one layer and micro-batch on one GPU (adapters included), in the order of
+    the inventory's `layer` list (sim/layers.py)."""
+    return w.inventory.gemm_shapes(layout.mbs * w.seq_len // layout.cp, layout.tp)
 
 
 def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float) -> LayerTimes:
@@ -83,13 +69,11 @@ def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float) -
     t, cp, b, s = layout.tp, layout.cp, layout.mbs, w.seq_len
     tokens = b * s // cp
     gemm_f = gemm_b = 0.0
-    base = 4
-    for i, (m, n, k) in enumerate(layer_gemms(w, layout)):
-        one = gemm_time(gpu, 2.0 * m * n * k, layout.fp8 and i < base, gemm_eff)
+    for g, (m, n, k) in zip(w.inventory.layer, layer_gemms(w, layout)):
+        one = gemm_time(gpu, 2.0 * m * n * k, layout.fp8 and g.fp8, gemm_eff)
         gemm_f += one
         # Backward: data gradient always; weight gradient only for trained weights (LoRA freezes the base).
-        trained = not w.lora or i >= base
-        gemm_b += one * (2 if trained else 1)
+        gemm_b += one * (2 if g.trainable else 1)
     # Flash attention computes the causal half of the s^2 work Megatron's FLOPs count; backward recomputes
     # the scores, about 2.5x the forward.
     attn_flops = 2 * 2 * b * s * (s / cp) * w.hidden / t * 0.5
@@ -116,11 +100,11 @@ def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float) -
 def logits_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float) -> tuple[float, float]:
     """(forward, backward) seconds of the output layer and loss on the last pipeline stage (bf16)."""
     tokens = layout.mbs * w.seq_len // layout.cp
-    one = gemm_time(gpu, 2.0 * tokens * w.hidden * w.vocab / layout.tp, False, gemm_eff)
+    head = w.inventory.logits
+    one = gemm_time(gpu, 2.0 * tokens * head.k * head.n / layout.tp, False, gemm_eff)
     # Cross-entropy reads fp32 logits a few times (max, exp-sum, grad).
     ce = 3 * 4 * tokens * w.vocab / layout.tp / (gpu.hbm_copy_tbps * TB)
-    trained_head = not w.lora
-    return one + ce, one * (2 if trained_head else 1) + ce
+    return one + ce, one * (2 if head.trainable else 1) + ce
 
 
 def embedding_times(w: Workload, layout: ClusterLayout, gpu: GPU) -> tuple[float, float]:

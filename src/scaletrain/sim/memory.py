@@ -28,11 +28,6 @@ GB = 1e9
 LOGIT_BYTES = 6
 """Per logit on the last stage: the fp32 softmax the vocab-parallel loss keeps for backward (4) plus the bf16 logits
 it was cast from, alive beside it at the loss (2)."""
-LORA_DROPOUT_BYTES = 3
-"""Per element of an adapted projection's input: the adapter's dropout output (bf16) and its 1-byte mask (MLPerf's
-LoRA rules fix adapter dropout at 0.1, so it is always on)."""
-# Adapter input: (group, width) — "rep" inputs are sequence-sharded only under SP, "shard" ones are TP-sharded.
-_LORA_INPUTS = {"qkv": ("rep", 1), "proj": ("shard", 1), "fc1": ("rep", 1), "fc2": ("shard", 0)}
 
 
 def bytes_per_param(zero: int, d: int, bf16_grads: bool = False) -> tuple[float, float, float]:
@@ -56,24 +51,7 @@ def _layer_terms(w: Workload, layout: ClusterLayout, dropout: bool) -> tuple[flo
     inputs 4. Generalised: K and V are kv_heads·head_dim wide (GQA), and SwiGLU keeps gate and up (2·ffn, needed for
     its backward) plus its output, the fc2 input (ffn); an unfused eager SwiGLU would also keep silu(gate).
     """
-    h, f, t = w.hidden, w.ffn, layout.tp
-    kv = max(w.kv_heads, t) * w.head_dim  # with t > kv_heads each rank keeps one replicated KV head
-    g = 1 if layout.fp8 else 2  # bytes of a GEMM input saved for the weight gradient
-    rep = 2 * h + g * h + 2 * h + g * h  # norm 1 input, QKV GEMM input, norm 2 input, fc1 GEMM input
-    if dropout:
-        rep += 2 * h  # 1-byte masks of the two hidden dropouts (after projection and fc2); none in MLPerf runs
-    shard = 2 * h + 2 * 2 * kv + 2 * h + (h if layout.fp8 else 0)  # Q, K, V, attention output (+ its FP8 copy)
-    shard += (2 * 2 * f if w.gated_mlp else 2 * f) + g * f  # fc1 output (gate+up or GELU input), fc2 input
-    if w.lora:
-        # A frozen GEMM computes only its input gradient (dY·W^T), so it keeps no input of its own; the adapters
-        # keep theirs (the dropout output below). Norm inputs and flash attention's Q, K, V and output stay.
-        rep -= g * h + g * h
-        shard -= g * f + (h if layout.fp8 else 0)
-        for target in w.lora_targets:
-            group, is_hidden = _LORA_INPUTS.get(target, ("shard", 1))
-            extra = LORA_DROPOUT_BYTES * (h if is_hidden else f)
-            rep, shard = (rep + extra, shard) if group == "rep" else (rep, shard + extra)
-    return rep, shard
+    return w.inventory.saved_per_token(layout.tp, layout.fp8, dropout)
 
 
 def activation_bytes_per_layer(w: Workload, layout: ClusterLayout, dropout: bool = True) -> float:
@@ -128,21 +106,38 @@ class MemoryEstimate:
         return {f.name: round(getattr(self, f.name) / (1 if f.name == "in_flight" else GIB), 2) for f in fields(self)}
 
 
+def rank_params(w: Workload, layout: ClusterLayout, first: bool, last: bool) -> int:
+    """Base parameters one TP rank of the first and/or last pipeline stage holds before ZeRO sharding (from the
+    inventory: biases, norms and embeddings included); what the dry run reads off the real sharded model."""
+    return w.inventory.rank_params(layout.tp, math.ceil(w.layers / layout.pp), first, last)
+
+
+def local_params(w: Workload, layout: ClusterLayout, first: bool, last: bool) -> float:
+    """Parameters one GPU of the first and/or last stage keeps between steps: `rank_params` plus LoRA adapters
+    (spread evenly over TP, as the memory model counts them), divided over the ZeRO-3 shards (fractional where the
+    real FSDP pads uneven shards)."""
+    n = rank_params(w, layout, first, last) + _adapter_params(w, layout)
+    return n / layout.zero_shards if layout.zero == 3 else float(n)
+
+
+def _adapter_params(w: Workload, layout: ClusterLayout) -> float:
+    return w.trainable_params * math.ceil(w.layers / layout.pp) / w.layers / layout.tp if w.lora else 0.0
+
+
 def _rank_memory(w: Workload, layout: ClusterLayout, first: bool, last: bool, in_flight: float, dropout: bool):
     t, p, zero = layout.tp, layout.pp, layout.zero
-    d = layout.dp * layout.cp
+    d = layout.zero_shards
     layers = math.ceil(w.layers / p)
-    # The first stage holds the embedding shard V·h/t, the last the output head (GPT-3 ties it: a copy, kept equal).
-    emb = (w.embedding_params if first and last else w.vocab * w.hidden if first or last else 0) / t
-    layer_params = w.layer_params * layers / t
     wb, gb, ob = bytes_per_param(zero, d, layout.bf16_grads)
     if w.lora:
         # Frozen base: weights only (FP8 parameters for the layers under FP8, bf16 embedding), sharded over d by ZeRO-3.
-        weights = (layer_params * (1 if layout.fp8 else 2) + 2 * emb) / (d if zero == 3 else 1)
-        adapters = w.trainable_params * layers / w.layers / t  # adapters spread evenly over the layers
+        layer_params = w.inventory.rank_params(t, layers, False, False)
+        outer = w.inventory.rank_params(t, 0, first, last)
+        weights = (layer_params * (1 if layout.fp8 else 2) + 2 * outer) / (d if zero == 3 else 1)
+        adapters = _adapter_params(w, layout)  # adapters spread evenly over the layers
         weights, grads, optimizer = weights + adapters * wb, adapters * gb, adapters * ob
     else:
-        n = layer_params + emb
+        n = rank_params(w, layout, first, last)
         weights, grads, optimizer = n * wb, n * gb, n * ob
     if zero == 3:
         unit = 2.0 * w.layer_params / t  # one layer's bf16 weights, all-gathered for use
@@ -174,15 +169,25 @@ def memory_per_gpu(
     `in_flight` overrides the first stage's in-flight micro-batches (e.g. with the simulated schedule's value); the
     last stage keeps its schedule count. `dropout` (hidden dropout masks) defaults off, as in both MLPerf models.
     """
-    p = layout.pp
-    first = in_flight if in_flight is not None else in_flight_microbatches(layout, 0)
-    if p == 1:
-        return _rank_memory(w, layout, True, True, first, dropout)
-    ranks = (
-        _rank_memory(w, layout, True, False, first, dropout),
-        _rank_memory(w, layout, False, True, in_flight_microbatches(layout, p - 1), dropout),
-    )
-    return max(ranks, key=lambda e: e.total)
+    ranks = {0, layout.pp - 1}
+    return max((stage_memory(w, layout, r, in_flight, dropout) for r in ranks), key=lambda e: e.total)
+
+
+def stage_memory(
+    w: Workload, layout: ClusterLayout, pp_rank: int, in_flight: float | None = None, dropout: bool = False
+) -> MemoryEstimate:
+    """Peak memory of one GPU of pipeline rank `pp_rank` (the first holds the embedding, the last the output layer).
+
+    `in_flight` overrides the first stage's in-flight micro-batches; other ranks keep their schedule count.
+    """
+    first, last = pp_rank == 0, pp_rank == layout.pp - 1
+    n = in_flight if in_flight is not None and first else in_flight_microbatches(layout, pp_rank)
+    return _rank_memory(w, layout, first, last, n, dropout)
+
+
+def usable_bytes(hbm_gb: float, reserve_gib: float = 5.0, fragmentation: float = 0.03) -> float:
+    """The largest estimate that fits `hbm_gb` vendor GB of HBM (see `fits`)."""
+    return (hbm_gb * GB - reserve_gib * GIB) / (1 + fragmentation)
 
 
 def fits(est: MemoryEstimate, hbm_gb: float, reserve_gib: float = 5.0, fragmentation: float = 0.03) -> bool:
@@ -192,12 +197,16 @@ def fits(est: MemoryEstimate, hbm_gb: float, reserve_gib: float = 5.0, fragmenta
     buffers for the TP, PP, DP and CP communicators and TP-overlap userbuffers (~2–3 GiB together), small persistent
     framework buffers. The caching allocator's fragmentation then costs `fragmentation` of what is allocated.
     """
-    return est.total * (1 + fragmentation) <= hbm_gb * GB - reserve_gib * GIB
+    return est.total <= usable_bytes(hbm_gb, reserve_gib, fragmentation)
 
 
 __all__ = [
     "MemoryEstimate",
     "memory_per_gpu",
+    "stage_memory",
+    "rank_params",
+    "local_params",
+    "usable_bytes",
     "fits",
     "activation_bytes_per_layer",
     "in_flight_microbatches",

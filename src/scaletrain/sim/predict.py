@@ -6,7 +6,6 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from scaletrain import benchmarks
-from scaletrain.model.flops import DENSE_BF16_PEAK_TFLOPS
 from scaletrain.sim import memory, mlperf
 from scaletrain.sim.catalog import Catalog, load_catalog
 from scaletrain.sim.comm import Cluster
@@ -156,7 +155,7 @@ def predict(
     tokens_per_s = layout.gbs * w.seq_len / st.step_time_s
     per_gpu = tokens_per_s / layout.gpus
     tflops = per_gpu * w.flops_per_token / 1e12
-    peak = DENSE_BF16_PEAK_TFLOPS.get(g.key, g.bf16_tflops)
+    peak = g.bf16_tflops  # MFU is always against the dense bf16 peak, as the trainer reports it
     steps = evals = ev_s = train_s = ttt = None
     ttt_parts: dict = {}
     bench = benchmark or benchmark_of(w.name)
@@ -191,6 +190,8 @@ def predict(
 
 def _layout_dict(layout: ClusterLayout) -> dict:
     d = asdict(layout)
+    if not d["shard_group"]:
+        del d["shard_group"]  # the default (ZeRO over all of dp·cp); only HSDP layouts from a trainer config set it
     d["dp"] = layout.dp
     d["microbatches"] = layout.microbatches if layout.dp > 0 and layout.mbs > 0 else 0
     d["schedule"] = layout.pipeline_schedule

@@ -83,6 +83,8 @@ class PublishedResult:
     source: str
     scaling_factor: float = 1.0
     """RCP normalisation the published score carries (lora `scaling_factor` column; "-" = 1)."""
+    file: str = ""
+    """The CSV file it was read from, for messages ("" for the shipped calibration rows)."""
 
     @property
     def olympic_minutes(self) -> float:

@@ -1,16 +1,18 @@
 """What is being trained, and how it is laid out: the simulator's two inputs besides the hardware.
 
-A Workload is built from the same `ModelConfig` the trainer uses and priced with the same FLOPs function
-(`scaletrain.model.flops`), so trainer MFU and simulator MFU can never disagree about the model.
+A Workload is built from the same `ModelConfig` the trainer uses; its parameters and FLOPs come from the per-layer
+inventory (`sim/layers.py`), which a test ties to the real modules and to the trainer's MFU formula
+(`scaletrain.model.flops`), so trainer MFU and simulator MFU cannot disagree about the model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from scaletrain import benchmarks
 from scaletrain.config import Config, ConfigError, resolve
-from scaletrain.model import flops as model_flops
+from scaletrain.sim.layers import Inventory, ModelShape
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,26 @@ class Workload:
     """Training model FLOPs per token (the trainer's MFU numerator)."""
     forward_flops: dict = field(default_factory=dict)
     """Forward FLOPs per token split into "gemm", "attn" and "logits"."""
+    positions: int = 0
+    """Learned position rows (GPT-3: the model's seq_len); 0 for rotary positions."""
+
+    @cached_property
+    def inventory(self) -> Inventory:
+        """The per-layer GEMMs and attention ops of this model (sim/layers.py)."""
+        return Inventory(
+            ModelShape(
+                arch=self.arch,
+                layers=self.layers,
+                hidden=self.hidden,
+                heads=self.heads,
+                kv_heads=self.kv_heads,
+                ffn=self.ffn,
+                vocab=self.vocab,
+                positions=self.positions,
+                lora_rank=self.lora_rank,
+                lora_targets=tuple(self.lora_targets),
+            )
+        )
 
     @property
     def gated_mlp(self) -> bool:
@@ -66,23 +88,20 @@ class Workload:
     @property
     def layer_params(self) -> int:
         """Weights of one block (matrices only; norms and biases are noise at this scale)."""
-        h, hd = self.hidden, self.head_dim
-        attn = h * (h + 2 * self.kv_heads * hd) + h * h
-        return attn + (3 if self.gated_mlp else 2) * h * self.ffn
+        return self.inventory.layer_matrix_params
 
     @property
     def embedding_params(self) -> int:
         """Input embedding rows (plus the untied output head for llama; GPT-3 ties them)."""
-        return self.vocab * self.hidden * (2 if self.arch == "llama" else 1)
+        return self.vocab * self.hidden + self.inventory.head_params
 
 
 def workload_from_config(cfg: Config, name: str = "", seq_len: int | None = None) -> Workload:
     """The Workload of a resolved trainer config."""
     m, lo = cfg.model, cfg.lora
     s = seq_len or m.seq_len
-    targets = tuple(lo.targets)
-    adapters = model_flops.lora_params(m, lo.rank, targets)
-    params = model_flops.num_params(m)
+    shape = model_shape(cfg)
+    inv = Inventory(shape)
     return Workload(
         name=name or cfg.preset,
         arch=m.arch,
@@ -94,23 +113,46 @@ def workload_from_config(cfg: Config, name: str = "", seq_len: int | None = None
         vocab=m.padded_vocab,
         seq_len=s,
         lora_rank=lo.rank,
-        lora_targets=targets,
-        params=params,
-        trainable_params=adapters if lo.rank > 0 else params,
-        flops_per_token=model_flops.flops_per_token(m, s, lo.rank, targets),
-        forward_flops=model_flops.forward_flops_per_token(m, s),
+        lora_targets=shape.lora_targets,
+        params=inv.params,
+        trainable_params=inv.trainable_params,
+        flops_per_token=inv.flops_per_token(s),
+        forward_flops=inv.forward_flops(s),
+        positions=shape.positions,
     )
+
+
+def model_shape(cfg: Config) -> ModelShape:
+    """The inventory's view of a resolved trainer config (model widths, LoRA rank and targets)."""
+    m, lo = cfg.model, cfg.lora
+    return ModelShape(
+        arch=m.arch,
+        layers=m.n_layers,
+        hidden=m.d_model,
+        heads=m.n_heads,
+        kv_heads=m.kv_heads,
+        ffn=m.ffn_size,
+        vocab=m.padded_vocab,
+        positions=m.seq_len if m.arch != "llama" else 0,
+        lora_rank=max(lo.rank, 0),
+        lora_targets=tuple(lo.targets),
+    )
+
+
+def load_config(model: str, overrides: tuple[str, ...] = ()) -> Config:
+    """The trainer config of a preset name (or benchmark alias: "gpt3", "llama2_70b_lora"), with --set overrides."""
+    alias = benchmarks.BENCHMARKS.get(model)  # a benchmark name means its reference preset
+    preset = alias.reference_preset if alias else model
+    try:
+        return resolve(preset, overrides=list(overrides))
+    except ConfigError as exc:
+        raise ConfigError(f"--model {model}: {exc}") from None
 
 
 def load_workload(model: str, overrides: tuple[str, ...] = ()) -> Workload:
     """Workload of a preset name (or benchmark alias: "gpt3", "llama2_70b_lora"), with --set style overrides."""
-    alias = benchmarks.BENCHMARKS.get(model)  # a benchmark name means its reference preset
-    preset = alias.reference_preset if alias else model
-    try:
-        cfg = resolve(preset, overrides=list(overrides))
-    except ConfigError as exc:
-        raise ConfigError(f"--model {model}: {exc}") from None
-    return workload_from_config(cfg, name=preset)
+    cfg = load_config(model, overrides)
+    return workload_from_config(cfg, name=cfg.preset)
 
 
 @dataclass(frozen=True)
@@ -143,6 +185,13 @@ class ClusterLayout:
     """Keep and reduce gradients in bf16 (MLPerf gpt3 recipes); False = Megatron's default fp32 main grads."""
     schedule: str = ""
     """Pipeline schedule: "gpipe", "1f1b" or "interleaved_1f1b"; empty picks 1f1b, or interleaved when vp > 1."""
+    shard_group: int = 0
+    """Ranks the ZeRO sharding spans; 0 = all of d = dp·cp. HSDP shards over dp_shard·cp and replicates the rest."""
+
+    @property
+    def zero_shards(self) -> int:
+        """Ranks weights, gradients and optimizer state are sharded over under ZeRO (d = dp·cp unless HSDP)."""
+        return self.shard_group or self.dp * self.cp
 
     @property
     def dp(self) -> int:
@@ -217,4 +266,12 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-__all__ = ["Workload", "ClusterLayout", "load_workload", "workload_from_config", "ceil_div"]
+__all__ = [
+    "Workload",
+    "ClusterLayout",
+    "load_workload",
+    "load_config",
+    "workload_from_config",
+    "model_shape",
+    "ceil_div",
+]

@@ -22,9 +22,10 @@ import torch
 import torch.distributed as dist
 
 from scaletrain.config import Config
-from scaletrain.model.flops import flops_per_token, peak_tflops
+from scaletrain.model.flops import flops_per_token
 from scaletrain.model.loss import IGNORE_INDEX, loss_sum
 from scaletrain.parallel.layout import Layout
+from scaletrain.sim.catalog import mfu_peak
 from scaletrain.train.distributed import init_distributed, local_rank
 from scaletrain.train.grad_norm import align_grad_placements, clip_grads_, total_grad_norm
 from scaletrain.train.host import check_host_memory, peak_memory_gib, setup_cpu
@@ -91,7 +92,7 @@ class Trainer:
         # llama2_70b_lora logs the dataset sizes in sequences (GovReport: 3901 train, 173 eval).
         self.train_samples = int(getattr(self.data.train, "num_samples", 0))
         self.eval_samples = int(getattr(self.data.valid, "num_sequences", 0))
-        self.peak = peak_tflops(self.device)
+        self.peak = mfu_peak(torch.cuda.get_device_name(self.device)) if self.device.type == "cuda" else None
         self.mesh: Any = None  # DeviceMesh of the layout, built in init() (None on one process)
         self.pm: Any = None  # parallel.parallelize.ParallelModel, built in init()
         self.schedule: Any = None  # the pipeline schedule when parallel.pp > 1
@@ -221,8 +222,10 @@ class Trainer:
             "model_tflops": tokens_per_s * self.flops_per_token / 1e12,
             "model_tflops_per_device": tokens_per_s * self.flops_per_token / 1e12 / self.world_size,
             "peak_mem_gib": peak_memory_gib(self.device),
+            "world_size": self.world_size,  # what `sim calibrate RUN_DIR` prices the run at
         }
         if self.peak is not None:
+            record["gpu"] = self.peak[0]  # the catalog key (sim/hardware/gpus.toml)
             record["mfu"] = record["model_tflops_per_device"] / self.peak[1]
             record["mfu_peak"] = f"{self.peak[0]} dense bf16 {self.peak[1]:g} TFLOP/s"
         if self.metrics is not None and self.step % self.cfg.train.log_interval == 0:

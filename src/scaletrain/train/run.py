@@ -161,4 +161,7 @@ def print_dry_run(result: dict, console: Console | None = None) -> None:
             + f" -> [bold]total {mem['total']:.1f}[/bold]"
         )
     verdict = "[green]fits[/green]" if result["fits"] else "[red]does not fit[/red]"
-    console.print(f"max {result['max_memory_gib']:.1f} GiB of {result['device_memory_gib']:.1f} GiB: {verdict}")
+    console.print(
+        f"max {result['max_memory_gib']:.1f} GiB of {result['usable_memory_gib']:.1f} GiB usable "
+        f"({result['device_memory_gib']:.1f} GiB less the runtime reserve): {verdict}"
+    )
