@@ -49,8 +49,8 @@ def _apply_resume(cfg, args) -> None:
 
 def cmd_export(args) -> int:
     """Export a checkpoint's weights (LoRA adapters merged) as a Hugging Face GPT-2 or Llama directory."""
-    from scaletrain.checkpoint.checkpointer import load_full_model
     from scaletrain.checkpoint.hf import export_hf
+    from scaletrain.checkpoint.init_from import load_full_model
     from scaletrain.checkpoint.store import complete_checkpoints
 
     path = Path(args.checkpoint)

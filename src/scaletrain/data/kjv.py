@@ -143,8 +143,8 @@ def fetch_text(root: Path, log: Log) -> str:
                 f"(use --excerpt offline or off Debian)"
             )
     log(f"downloading {' '.join(DEB_PACKAGES)} with apt-get")
-    with tempfile.TemporaryDirectory(dir=root, prefix=".download-") as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(dir=root, prefix=".download-") as tmp_name:
+        tmp = Path(tmp_name)
         _run(["apt-get", "download", *DEB_PACKAGES], tmp)
         debs = sorted(tmp.glob("*.deb"))
         if len(debs) != len(DEB_PACKAGES):

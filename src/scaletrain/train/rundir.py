@@ -296,7 +296,9 @@ def plan_existing(
     )
 
 
-def apply_plan(directory: Path, action: str, *, bench: bool = False, checkpoint_dir: Path | None = None) -> str | None:
+def apply_plan(
+    directory: Path, action: str | None, *, bench: bool = False, checkpoint_dir: Path | None = None
+) -> str | None:
     """Carry out plan_existing's answer (rank 0, holding the lock); returns a line to print, if any."""
     if action == "overwrite":
         removed = clear_run(directory, bench, checkpoint_dir)
