@@ -22,6 +22,10 @@ import shutil
 import time
 from pathlib import Path
 
+from scaletrain.log import get_logger
+
+log = get_logger(__name__)
+
 MANIFEST = "manifest.json"
 TRAINER = "trainer.json"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -174,9 +178,7 @@ def move_aside(path: Path, why: str) -> Path:
     while aside.exists():
         aside, n = path.with_name(f"{path.name}.damaged-{stamp}-{n}"), n + 1
     os.replace(path, aside)
-    import sys
-
-    print(f"scaletrain: warning: {why}; moved to {aside}", file=sys.stderr, flush=True)
+    log.warning(f"{why}; moved to {aside}")
     return aside
 
 

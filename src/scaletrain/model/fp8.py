@@ -26,15 +26,18 @@ from __future__ import annotations
 
 import functools
 import types
-import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
 
+from scaletrain.log import get_logger
+
 if TYPE_CHECKING:
     from scaletrain.model.build import Decoder
+
+log = get_logger(__name__)
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 _EPS = 1e-12  # amax floor: an all-zero tensor gets a finite scale
@@ -255,9 +258,7 @@ def convert_to_float8(model: nn.Module, recipe: Float8Recipe, skip_first_last: b
             cast(Float8Linear, m)._init_fp8(recipe)  # the class swap above made it one
             converted += 1
     if skipped:
-        warnings.warn(
-            f"convert_to_float8: left in high precision (unsupported kind): {', '.join(skipped)}", stacklevel=2
-        )
+        log.warning(f"convert_to_float8: left in high precision (unsupported kind): {', '.join(skipped)}")
     if converted and hasattr(type(model), "init_weights") and "_fp8_wrapped_init" not in model.__dict__:
         model.__dict__["_fp8_wrapped_init"] = model.__dict__.get("init_weights")
         # torch stubs type Module.__setattr__ for tensors and modules only; a bound method is fine at run time.
