@@ -3,7 +3,6 @@ setup (distributed.py), gradient clipping (grad_norm.py), the optimizer and LR r
 live view (metrics.py, console.py), run-directory integrity (rundir.py), stop signals (signals.py), CPU host
 settings (host.py), loss plots (report.py) and the `scaletrain train`/`bench` entry points (run.py).
 
-May import `config`, `data`, `model`, `parallel` and `checkpoint`. Target direction (issue 13): `bench/` sits above
-`train/` and is never imported from here; today engine.py (NonFiniteLoss) and run.py (the harness) still reach up
-into `bench/`, which the loop move of issue 13 removes. This file imports nothing.
+Layer 5: may import `config`, `log`, `benchmarks`, `sim`, `data`, `model`, `parallel` and `checkpoint`; never
+`bench` (which sits above and observes the loop) or `cli`. This file imports nothing.
 """
