@@ -1,8 +1,10 @@
 """scaletrain: train GPT-3/Llama-style decoders at cluster scale, benchmark them the MLPerf way, predict time-to-train.
 
-Packages, lowest first; each imports only from those before it: `config` <- `data`, `model` <- `parallel` <-
-`checkpoint` <- `train` <- `bench` <- `cli`. `sim` (the time-to-train model) imports only `config` and the torch-free
-`model.flops`. Each package's docstring names what it may import and any exception still to be removed (issue 13).
+Packages in layers, lowest first; a module imports only from its own package or lower layers, function-level
+imports included (a local import may delay a heavy import, never hide an upward one):
+  0 `config`, `log`, `benchmarks`   1 `sim` (torch-free)   2 `data`, `model` (data reads only `model.loss`)
+  3 `parallel`   4 `checkpoint`   5 `train`   6 `bench`   7 `cli`.
+Each package's docstring says what it is for and what it may import.
 """
 
 __version__ = "0.1.0"

@@ -13,6 +13,9 @@ from pathlib import Path
 
 from scaletrain import benchmarks
 from scaletrain.config import Config, ConfigError, describe, list_presets, resolve
+from scaletrain.log import get_logger, setup_logging
+
+log = get_logger(__name__)
 
 DEFAULT_PRESET = "gpt3-proxy"
 
@@ -43,8 +46,8 @@ def _apply_resume(cfg, args) -> None:
 
 def cmd_export(args) -> int:
     """Export a checkpoint's weights (LoRA adapters merged) as a Hugging Face GPT-2 or Llama directory."""
-    from scaletrain.checkpoint.checkpointer import load_full_model
     from scaletrain.checkpoint.hf import export_hf
+    from scaletrain.checkpoint.init_from import load_full_model
     from scaletrain.checkpoint.store import complete_checkpoints
 
     path = Path(args.checkpoint)
@@ -262,6 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="scaletrain",
         description="Train GPT-3/Llama-style models, benchmark them the MLPerf Training way, and predict time-to-train on GPU clusters.",
     )
+    parser.add_argument(
+        "--log-ranks",
+        default="0",
+        metavar="RANKS",
+        help="ranks whose warnings and status lines are shown: 0 (default), a list like 0,3, or all",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train one run to the quality target", description=cmd_train.__doc__)
@@ -414,9 +423,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         argv = expand_field_flags(list(sys.argv[1:] if argv is None else argv))
     except ConfigError as exc:
-        print(f"scaletrain: error: {exc}", file=sys.stderr)
+        log.error(str(exc))
         return 2
     args = build_parser().parse_args(argv)
+    try:
+        setup_logging(args.log_ranks)
+    except ValueError as exc:
+        log.error(str(exc))
+        return 2
     code = 1
     try:
         code = _run(args)
@@ -448,7 +462,7 @@ def _run(args) -> int:
     try:
         return args.func(args)
     except (ConfigError, DataError, CheckpointError, FileNotFoundError) as exc:
-        print(f"scaletrain: error: {exc}", file=sys.stderr)
+        log.error(str(exc))
         return 2
     except KeyboardInterrupt:
         print("scaletrain: interrupted", file=sys.stderr)
@@ -467,7 +481,7 @@ def _run_sim(args) -> int:
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as exc:
-        print(f"scaletrain: error: {exc}", file=sys.stderr)
+        log.error(str(exc))
         return 2
 
 

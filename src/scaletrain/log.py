@@ -4,6 +4,7 @@ Results (tables, JSON, the lines a command exists to print) still go to stdout w
 what a user should notice on the side: warnings (stderr, `scaletrain: warning: ...`), errors (`scaletrain: error:
 ...`) and status lines (stderr). Under torchrun every rank runs the same code, so without a rank filter every
 warning would appear world-size times; ranks other than 0 are silent by default and prefixed `[rank N]` when shown.
+Errors pass the filter on every rank: the process is about to exit, and a rank that failed alone must say why.
 Torch-free on purpose: `sim/` and `config` log through it too.
 """
 
@@ -68,14 +69,14 @@ class _RankFilter(logging.Filter):
         self.show = ranks is None or rank in ranks
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return self.show
+        return self.show or record.levelno >= logging.ERROR
 
 
 def setup_logging(log_ranks: str = "0", rank: int | None = None, level: int = logging.INFO) -> logging.Logger:
     """Install the one stderr handler on the `scaletrain` logger (idempotent: a second call replaces it).
 
-    `rank` defaults to the launcher's RANK/SLURM_PROCID. Ranks not in `log_ranks` log nothing; ranks other than 0
-    carry a `[rank N]` prefix. The stream is looked up at each call's time, so pytest's capsys sees the lines."""
+    `rank` defaults to the launcher's RANK/SLURM_PROCID. Ranks not in `log_ranks` log only errors; ranks other
+    than 0 carry a `[rank N]` prefix. The stream is looked up at each call's time, so pytest's capsys sees the lines."""
     rank = _env_rank() if rank is None else rank
     ranks = parse_log_ranks(log_ranks)
     root = logging.getLogger(ROOT)

@@ -154,7 +154,7 @@ def test_cli_resume_errors_are_one_line(excerpt_corpus, run_copy, tmp_path, caps
 
 def test_export_cli_writes_a_transformers_model(excerpt_corpus, saved, tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
-    from scaletrain.checkpoint.checkpointer import load_full_model
+    from scaletrain.checkpoint.init_from import load_full_model
     assert main(["export", str(saved), "--hf", str(tmp_path / "hf")]) == 0
     _, ours = load_full_model(_ckpt(saved, 4))
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()

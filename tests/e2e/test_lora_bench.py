@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from scaletrain.bench.proxy_base import ensure_proxy_base
-from scaletrain.checkpoint.checkpointer import load_full_model
+from scaletrain.checkpoint.init_from import load_full_model
 from scaletrain.cli import main
 from scaletrain.config import resolve
 from scaletrain.data import kjv

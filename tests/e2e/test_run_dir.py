@@ -60,7 +60,7 @@ def test_busy_run_dir_refused_with_owner_and_stale_lock_taken_over(capsys, tmp_p
         holder.wait()
     lock = RunDirLock(run)
     warning = lock.acquire()
-    assert warning == (f"scaletrain: warning: took over the stale lock of pid {holder.pid} on host "
+    assert warning == (f"took over the stale lock of pid {holder.pid} on host "
                        f"{socket.gethostname()} in {run} (not running)")
     assert json.loads((run / LOCK_NAME).read_text())["pid"] == os.getpid()
     with pytest.raises(ValueError, match="in use by pid"):  # a second lock, even in this process, is refused

@@ -150,6 +150,18 @@ def test_convert_middle_blocks_keeps_names_and_parameters(preset):
     assert convert_to_float8(copy.deepcopy(ref), Float8Recipe(), skip_first_last=False) == 4 * 4
 
 
+def test_unsupported_linear_is_left_alone_with_a_warning(capsys):
+    class OtherLinear(nn.Linear):
+        pass
+
+    _, model = _model("gpt3-proxy")
+    model.blocks["1"].mlp.fc.__class__ = OtherLinear
+    assert convert_to_float8(model, Float8Recipe()) == 2 * 4 - 1
+    assert type(model.blocks["1"].mlp.fc) is OtherLinear
+    assert capsys.readouterr().err == (
+        "scaletrain: warning: convert_to_float8: left in high precision (unsupported kind): blocks.1.mlp.fc\n")
+
+
 def test_pipeline_stage_keeps_global_first_last_and_lora_base_gemm():
     from scaletrain.parallel.pipeline import cut_stage
     cfg, model = _model("gpt3-proxy")

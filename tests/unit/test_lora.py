@@ -118,7 +118,7 @@ def test_trainer_optimizes_only_adapters_and_loss_drops(excerpt_corpus, tmp_path
 
 
 def test_checkpoint_holds_only_adapters_and_resume_continues_identically(excerpt_corpus, tmp_path):
-    from scaletrain.checkpoint import store
+    from scaletrain.checkpoint import safe_load, store
     t = _trainer(excerpt_corpus, tmp_path / "a")
     for _ in range(3):
         t.train_step()
@@ -127,7 +127,7 @@ def test_checkpoint_holds_only_adapters_and_resume_continues_identically(excerpt
     t.evaluate()
     ref_model = copy.deepcopy(t.model).eval()
     path = store.complete_checkpoints(tmp_path / "a" / "checkpoints")[-1]
-    keys = set(store.read_metadata(path).state_dict_metadata)
+    keys = set(safe_load.read_metadata(path).state_dict_metadata)
     model_keys = sorted(k[6:] for k in keys if k.startswith("model."))
     assert model_keys == sorted(n for n, _ in t.model.named_parameters() if is_lora_param(n))
     optim_state = [k for k in keys if k.startswith("optim.state.")]

@@ -3,8 +3,8 @@
 llama2_70b_lora rules (rules, rules/*.yaml), MLCommons' compliance checker (checker), olympic scoring (score), the
 llama2_70b_lora proxy's base model (proxy_base), and a model-free engine for dry runs (scripted).
 
-May import everything below it: `config`, `data`, `model`, `parallel`, `checkpoint`, `train` and `sim`; only `cli`
-imports it.
+Layer 6: may import every layer below it (`config`, `log`, `benchmarks`, `sim`, `data`, `model`, `parallel`,
+`checkpoint`, `train`); only `cli` imports it.
 
 Import the submodules directly (`from scaletrain.bench.harness import run_benchmark`); this package imports nothing
 so that `import scaletrain.bench` stays cheap.

@@ -123,9 +123,9 @@ def check_log(
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired as exc:
-            return CheckResult(
-                False, cmd, f"checker timed out after {timeout_s:g} s\n{exc.stdout or ''}{exc.stderr or ''}"
-            )
+            # TimeoutExpired carries bytes even with text=True (the output was never decoded).
+            out = b"".join(x if isinstance(x, bytes) else x.encode() for x in (exc.stdout, exc.stderr) if x)
+            return CheckResult(False, cmd, f"checker timed out after {timeout_s:g} s\n{out.decode(errors='replace')}")
         except OSError as exc:
             return CheckResult(False, cmd, f"could not run the checker: {exc}")
     output = (proc.stdout or "") + (proc.stderr or "")

@@ -77,10 +77,12 @@ def olympic_score(results: Iterable[Any]) -> Score:
     n = len(runs)
     ok = [i for i, r in enumerate(runs) if r.converged]
     failed = [i for i, r in enumerate(runs) if not r.converged]
+    times: dict[int, float] = {}
     for i in ok:
         t = runs[i].time_to_train_s
         if t is None or not math.isfinite(t) or t < 0:
             raise ValueError(f"run {i} converged but has no valid time_to_train_s ({t!r})")
+        times[i] = t
 
     def none(reason: str) -> Score:
         return Score(None, n, len(ok), [], reason)
@@ -90,9 +92,9 @@ def olympic_score(results: Iterable[Any]) -> Score:
     if len(failed) > 1:
         return none(f"{len(failed)} runs did not converge (runs {failed}); at most one may")
     # Stable sort by time; ties keep input order, so the first of equal times is 'fastest' and the last 'slowest'.
-    order = sorted(ok, key=lambda i: runs[i].time_to_train_s)
+    order = sorted(ok, key=lambda i: times[i])
     fastest = order[0]
     slowest = failed[0] if failed else order[-1]
     kept = [i for i in ok if i not in (fastest, slowest)]
-    mean = sum(runs[i].time_to_train_s for i in kept) / len(kept)
+    mean = sum(times[i] for i in kept) / len(kept)
     return Score(mean, n, len(ok), sorted({fastest, slowest}))

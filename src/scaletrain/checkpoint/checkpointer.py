@@ -18,38 +18,33 @@ import os
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from scaletrain.checkpoint import store
 from scaletrain.checkpoint.store import CheckpointError
+from scaletrain.model.lora import is_lora_param
 
-_OPTIONS = None
-
-
-def _options():
-    global _OPTIONS
-    if _OPTIONS is None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-        _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
-    return _OPTIONS
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import Metadata
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 
-def _strict_options(strict: bool):
+def _options() -> StateDictOptions:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def _strict_options(strict: bool) -> StateDictOptions:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     return StateDictOptions(strict=strict)
 
 
-def _is_lora_param(name: str) -> bool:
-    from scaletrain.model.lora import is_lora_param
-
-    return is_lora_param(name)
-
-
-def _dcp_exception() -> type:
+def _dcp_exception() -> type[BaseException]:
     from torch.distributed.checkpoint.api import CheckpointException
 
     return CheckpointException
@@ -88,7 +83,8 @@ class Checkpointer:
         self.enabled = self.interval_steps > 0 or self.interval_s > 0
         self.last_step = 0
         self.last_time = time.monotonic()
-        self._pending = None  # async save in flight: (future, tmp, final, info, my_files)
+        # async save in flight: (future, tmp, final, info, my_files)
+        self._pending: tuple[Any, Path, Path, dict, list[str]] | None = None
         self._async_group = None
         self.lora = getattr(getattr(cfg, "lora", None), "rank", 0) > 0  # adapter-only state (see state_dict)
 
@@ -97,13 +93,14 @@ class Checkpointer:
         """One flat dict for DCP (model and optimizer entries) and the per-part (model, optim) dicts."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-        flat, per_part = {}, []
+        flat: dict[str, Any] = {}
+        per_part: list[tuple[dict, dict]] = []
         for part, opt in zip(parts, optimizers):
             msd = get_model_state_dict(part)
             if self.lora:
                 # LoRA: the frozen base is rebuilt from its source (seed init / HF import), never saved;
                 # only the adapters (and, through the optimizer, their moments) are.
-                msd = {k: v for k, v in msd.items() if _is_lora_param(k)}
+                msd = {k: v for k, v in msd.items() if is_lora_param(k)}
             osd = get_optimizer_state_dict(part, opt, options=_options())
             flat.update({f"model.{k}": v for k, v in msd.items()})
             flat.update({f"optim.{k}": v for k, v in osd.items()})
@@ -209,7 +206,7 @@ class Checkpointer:
         if rank == 0:
             mine.append(".metadata")
         hashes = store.hash_files(tmp, mine)
-        gathered = [None] * (dist.get_world_size() if dist.is_initialized() else 1)
+        gathered: list[Any] = [None] * (dist.get_world_size() if dist.is_initialized() else 1)
         if dist.is_initialized():
             dist.all_gather_object(gathered, hashes)
         else:
@@ -280,12 +277,8 @@ class Checkpointer:
         info = safe_load.read_trainer(path)
         metadata = safe_load.read_metadata(path)
         flat, per_part = self.state_dict(parts, optimizers)
-        self._check_shapes(path, flat, metadata, gather=True)
-        try:
-            safe_load.load_dcp(flat, path, metadata)
-        except (Exception, _dcp_exception()) as exc:  # DCP wraps per-rank failures: name the checkpoint
-            cause = _cause(exc)
-            raise CheckpointError(cause if str(path) in cause else f"{path}: load failed: {cause}") from None
+        check_shapes(path, flat, metadata, gather=True)
+        load_state(flat, path, metadata)
         for part, opt, (msd, osd) in zip(parts, optimizers, per_part):
             set_model_state_dict(part, msd, options=_strict_options(not self.lora))
             set_optimizer_state_dict(part, opt, osd, options=_options())
@@ -299,37 +292,50 @@ class Checkpointer:
         self.last_step, self.last_time = int(info["step"]), time.monotonic()
         return info
 
-    def _check_shapes(self, path: Path, flat: dict, metadata, gather: bool) -> None:
-        """The checkpoint holds exactly this model's tensors, with these shapes; one-line CheckpointError if not.
 
-        `gather`: this rank holds only part of the model (pipeline stages): compare the union over ranks.
-        """
-        meta = metadata.state_dict_metadata
-        saved = {k for k in meta if k.startswith("model.")}
-        have = {k for k in flat if k.startswith("model.")}
-        if gather and dist.is_initialized() and dist.get_world_size() > 1:
-            parts = [None] * dist.get_world_size()
-            dist.all_gather_object(parts, sorted(have))
-            have = set().union(*map(set, parts))
-        if len(saved) != len(have):
-            extra = sorted(saved - have) or sorted(have - saved)
-            where = "only in the checkpoint" if saved - have else "only in this model"
+def check_shapes(path: Path, flat: dict, metadata: Metadata, gather: bool) -> None:
+    """The checkpoint holds exactly this model's tensors, with these shapes; one-line CheckpointError if not.
+
+    `gather`: this rank holds only part of the model (pipeline stages): compare the union over ranks.
+    """
+    meta = metadata.state_dict_metadata
+    saved = {k for k in meta if k.startswith("model.")}
+    have = {k for k in flat if k.startswith("model.")}
+    if gather and dist.is_initialized() and dist.get_world_size() > 1:
+        parts: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, sorted(have))
+        have = set().union(*map(set, parts))
+    if len(saved) != len(have):
+        extra = sorted(saved - have) or sorted(have - saved)
+        where = "only in the checkpoint" if saved - have else "only in this model"
+        raise CheckpointError(
+            f"{path}: the checkpoint's model has {len(saved)} tensors, the model being built "
+            f"has {len(have)} (e.g. {extra[0][6:]!r} {where}; model.* config differs from "
+            "the checkpoint's)"
+        )
+    for key, value in flat.items():
+        if not key.startswith("model.") or not hasattr(value, "shape"):
+            continue
+        if key not in meta:
+            raise CheckpointError(f"{path}: has no tensor {key[6:]!r}; it was saved from another model")
+        saved_shape = tuple(getattr(meta[key], "size", ()))
+        if saved_shape != tuple(value.shape):
             raise CheckpointError(
-                f"{path}: the checkpoint's model has {len(saved)} tensors, the model being built "
-                f"has {len(have)} (e.g. {extra[0][6:]!r} {where}; model.* config differs from "
-                "the checkpoint's)"
+                f"{path}: {key[6:]} has shape {list(saved_shape)}, this model has "
+                f"{list(value.shape)} (model.* config differs from the checkpoint's)"
             )
-        for key, value in flat.items():
-            if not key.startswith("model.") or not hasattr(value, "shape"):
-                continue
-            if key not in meta:
-                raise CheckpointError(f"{path}: has no tensor {key[6:]!r}; it was saved from another model")
-            saved_shape = tuple(getattr(meta[key], "size", ()))
-            if saved_shape != tuple(value.shape):
-                raise CheckpointError(
-                    f"{path}: {key[6:]} has shape {list(saved_shape)}, this model has "
-                    f"{list(value.shape)} (model.* config differs from the checkpoint's)"
-                )
+
+
+def load_state(flat: dict, path: Path, metadata: Metadata, no_dist: bool = False) -> None:
+    """Read checkpoint `path` into `flat` in place (safe_load.load_dcp: data only); any failure, DCP's per-rank
+    ones included, is one CheckpointError that names the checkpoint."""
+    from scaletrain.checkpoint import safe_load
+
+    try:
+        safe_load.load_dcp(flat, path, metadata, no_dist=no_dist)
+    except (Exception, _dcp_exception()) as exc:
+        cause = _cause(exc)
+        raise CheckpointError(cause if str(path) in cause else f"{path}: load failed: {cause}") from None
 
 
 def trainer_state(step: int, cfg, layout, harness: dict | None) -> dict:
@@ -344,47 +350,3 @@ def trainer_state(step: int, cfg, layout, harness: dict | None) -> dict:
         "pid": os.getpid(),
         "time": time.time(),
     }
-
-
-def load_full_model(path: Path, verify_mode: str = "sha256", _chain: tuple = ()):
-    """(Config, plain model (GPT or Llama) with the checkpoint's weights) in this process, whatever layout saved it.
-
-    Reads every file as data only (safe_load.py). `_chain`: checkpoints already being loaded (a LoRA checkpoint
-    names its base in its config), so a loop of init_from references is an error, not a recursion.
-    """
-    from scaletrain.checkpoint import safe_load
-    from scaletrain.config import ConfigError, from_dict
-    from scaletrain.model.build import build_model
-
-    path = Path(path)
-    if str(path.resolve()) in _chain:
-        raise CheckpointError(f"{path}: checkpoint.init_from leads back to this checkpoint (a loop)")
-    store.verify(path, verify_mode)
-    info = safe_load.read_trainer(path)
-    try:
-        cfg = from_dict(info["config"])
-    except ConfigError as exc:
-        raise CheckpointError(f"{path / store.TRAINER}: {exc}") from None
-    metadata = safe_load.read_metadata(path)
-    model = build_model(cfg.model, seed=int(info.get("seed", cfg.train.seed)))
-    if cfg.lora.rank > 0:
-        # An adapter-only checkpoint: the base is checkpoint.init_from or else the seed init (what the trainer froze); the adapters
-        # are loaded below. Callers that want plain weights use model.lora.merge_lora.
-        from scaletrain.model.lora import apply_lora, init_lora
-
-        if cfg.checkpoint.init_from:
-            from scaletrain.checkpoint.init_from import read_base_state
-
-            base = read_base_state(cfg.checkpoint.init_from, _chain=(*_chain, str(path.resolve())))
-            model.load_state_dict(base[1], strict=False)
-        apply_lora(model, cfg.lora)
-        init_lora(model, int(info.get("seed", cfg.train.seed)))
-    flat = {f"model.{k}": v for k, v in model.state_dict().items() if cfg.lora.rank <= 0 or _is_lora_param(k)}
-    Checkpointer(cfg, path.parent)._check_shapes(path, flat, metadata, gather=False)
-    try:
-        safe_load.load_dcp(flat, path, metadata, no_dist=True)
-    except (Exception, _dcp_exception()) as exc:
-        cause = _cause(exc)
-        raise CheckpointError(cause if str(path) in cause else f"{path}: load failed: {cause}") from None
-    model.tie_weights()
-    return cfg, model

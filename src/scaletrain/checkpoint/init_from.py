@@ -11,12 +11,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from scaletrain.checkpoint import store
+from scaletrain.checkpoint.checkpointer import check_shapes, load_state
 from scaletrain.checkpoint.store import CheckpointError
-from scaletrain.config import ModelConfig
+from scaletrain.config import Config, ConfigError, ModelConfig, from_dict
+from scaletrain.model.build import build_model
+from scaletrain.model.lora import apply_lora, init_lora, is_lora_param, merge_lora
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import ValueType
+
+    from scaletrain.model.build import Decoder
 
 # Fields that decide tensor shapes and meaning; seq_len may differ (RoPE needs no table; gpt3's table is checked
 # through its shape).
@@ -49,14 +58,45 @@ def read_base_state(path: str | Path, _chain: tuple = ()) -> tuple[ModelConfig, 
             f"checkpoint.init_from={path}: neither a Hugging Face directory nor a directory "
             "holding a complete scaletrain checkpoint"
         )
-    from scaletrain.checkpoint.checkpointer import load_full_model
-
     cfg, model = load_full_model(ckpt, _chain=_chain)
     if cfg.lora.rank > 0:
-        from scaletrain.model.lora import merge_lora
-
         merge_lora(model)
     return cfg.model, {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def load_full_model(path: Path, verify_mode: str = "sha256", _chain: tuple = ()) -> tuple[Config, torch.nn.Module]:
+    """(Config, plain model (GPT or Llama) with the checkpoint's weights) in this process, whatever layout saved it.
+
+    Reads every file as data only (safe_load.py). `_chain`: checkpoints already being loaded (a LoRA checkpoint
+    names its base in its config), so a loop of init_from references is an error, not a recursion. Lives here,
+    not in checkpointer.py, because a LoRA checkpoint's base is read back through read_base_state.
+    """
+    from scaletrain.checkpoint import safe_load  # lazy: torch.distributed.checkpoint takes ~1 s to import
+
+    path = Path(path)
+    if str(path.resolve()) in _chain:
+        raise CheckpointError(f"{path}: checkpoint.init_from leads back to this checkpoint (a loop)")
+    store.verify(path, verify_mode)
+    info = safe_load.read_trainer(path)
+    try:
+        cfg = from_dict(info["config"])
+    except ConfigError as exc:
+        raise CheckpointError(f"{path / store.TRAINER}: {exc}") from None
+    metadata = safe_load.read_metadata(path)
+    model = cast("Decoder", build_model(cfg.model, seed=int(info.get("seed", cfg.train.seed))))
+    if cfg.lora.rank > 0:
+        # An adapter-only checkpoint: the base is checkpoint.init_from or else the seed init (what the trainer froze); the adapters
+        # are loaded below. Callers that want plain weights use model.lora.merge_lora.
+        if cfg.checkpoint.init_from:
+            base = read_base_state(cfg.checkpoint.init_from, _chain=(*_chain, str(path.resolve())))
+            model.load_state_dict(base[1], strict=False)
+        apply_lora(model, cfg.lora)
+        init_lora(model, int(info.get("seed", cfg.train.seed)))
+    flat = {f"model.{k}": v for k, v in model.state_dict().items() if cfg.lora.rank <= 0 or is_lora_param(k)}
+    check_shapes(path, flat, metadata, gather=False)
+    load_state(flat, path, metadata, no_dist=True)
+    model.tie_weights()
+    return cfg, model
 
 
 def _read_hf(p: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -92,12 +132,13 @@ def load_base_weights(parts: list[torch.nn.Module], state: dict[str, torch.Tenso
 
     for part in parts:
         own = part.state_dict()
-        subset = {k: v for k, v in state.items() if k in own}
+        subset: dict[str, ValueType] = {k: v for k, v in state.items() if k in own}
         missing = [k for k in own if k not in state and "lora_" not in k]
         if missing:
             raise CheckpointError(
                 f"checkpoint.init_from: saved weights lack {missing[0]} (and {len(missing) - 1} more)"
             )
         set_model_state_dict(part, subset, options=StateDictOptions(full_state_dict=True, strict=False))
-        if hasattr(part, "tie_weights"):
-            part.tie_weights()
+        tie_weights = getattr(part, "tie_weights", None)
+        if tie_weights is not None:
+            tie_weights()

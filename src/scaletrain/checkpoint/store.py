@@ -22,6 +22,10 @@ import shutil
 import time
 from pathlib import Path
 
+from scaletrain.log import get_logger
+
+log = get_logger(__name__)
+
 MANIFEST = "manifest.json"
 TRAINER = "trainer.json"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -149,8 +153,12 @@ def complete_checkpoints(root: Path) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name) and (p / MANIFEST).is_file()]
-    return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if p.is_dir() and (m := _STEP_DIR.match(p.name)) and (p / MANIFEST).is_file()
+    ]
+    return [p for _, p in sorted(found, key=lambda step_path: step_path[0])]
 
 
 def unpublished(root: Path) -> list[Path]:
@@ -170,9 +178,7 @@ def move_aside(path: Path, why: str) -> Path:
     while aside.exists():
         aside, n = path.with_name(f"{path.name}.damaged-{stamp}-{n}"), n + 1
     os.replace(path, aside)
-    import sys
-
-    print(f"scaletrain: warning: {why}; moved to {aside}", file=sys.stderr, flush=True)
+    log.warning(f"{why}; moved to {aside}")
     return aside
 
 
@@ -194,10 +200,3 @@ def prune(root: Path, keep: int, protect: Path | None = None) -> list[Path]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
-
-
-def read_metadata(directory: Path):
-    """DCP Metadata of a checkpoint, vetted (safe_load.read_metadata); CheckpointError when refused."""
-    from scaletrain.checkpoint.safe_load import read_metadata as vetted
-
-    return vetted(directory)

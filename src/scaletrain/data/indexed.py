@@ -88,6 +88,8 @@ class IndexedDatasetWriter:
         self._bin = open(self._bin_tmp, "wb")
         self._lengths: list[int] = []
         self._done = False
+        self._lo: int | None
+        self._hi: int | None
         if self.dtype.kind in "ui":
             info = np.iinfo(self.dtype)
             self._lo, self._hi = int(info.min), int(info.max)
@@ -110,7 +112,7 @@ class IndexedDatasetWriter:
             arr = np.asarray(tokens)
             if arr.ndim != 1:
                 raise ValueError(f"{self.prefix}: a document must be 1-D, got shape {arr.shape}")
-            if arr.size and self._lo is not None and arr.dtype != self.dtype:
+            if arr.size and self._lo is not None and self._hi is not None and arr.dtype != self.dtype:
                 lo, hi = int(arr.min()), int(arr.max())
                 if lo < self._lo or hi > self._hi:
                     raise DataError(
@@ -239,6 +241,7 @@ class IndexedDataset:
         self.doc_lengths = np.diff(self.doc_offsets)
         # One-sequence-per-document files have byte pointers that equal the documents'.
         self.doc_pointers = self.doc_offsets[:-1] * item
+        self.tokens: np.ndarray
         if self.num_tokens:
             try:
                 self.tokens = np.memmap(self.bin_file, dtype=self.dtype, mode="r", shape=(self.num_tokens,))

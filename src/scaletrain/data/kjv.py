@@ -29,16 +29,16 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from .corpus import as_data_errors, build_lock, default_paths, fetch_default, prepare_excerpt
 from .indexed import DataError
 from .sft import SFTData, SFTValid, prepare_sft
+from .sft_paths import KJVCorpus, kjv_paths
 from .tokenizer import Tokenizer
 
 PIPELINE_VERSION = 1
-SUBDIR = "kjv"
 DEB_PACKAGES = ("bible-kjv", "bible-kjv-text")  # Debian 12 (bookworm): 4.38
 TEXT_SHA256 = "cd45f0c9cedab8e4439bd6486c8952c77cc8b0ecc5d1f6ae3513f2039f47229d"  # 4,404,412 bytes, 31,102 verses
 VALID_BOOKS = ("Ruth", "Est", "Jonah", "Jas", "1Pet")  # book names as `bible -f` prints them
@@ -49,37 +49,6 @@ PROXY_SEQ_LEN = 256
 
 Log = Callable[[str], None]
 _VERSE = re.compile(r"(\d?[A-Za-z]+)(\d+):(\d+) (\S.*)")
-
-
-@dataclass(frozen=True)
-class KJVCorpus:
-    """Paths of a prepared KJV directory (nothing is checked by constructing one)."""
-
-    root: Path
-    train_prefix: Path
-    valid_prefix: Path
-
-    @classmethod
-    def at(cls, root: str | Path) -> KJVCorpus:
-        root = Path(root)
-        return cls(root, root / "train", root / "valid")
-
-    @property
-    def stamp(self) -> Path:
-        """kjv.json, written last when a build completes."""
-        return self.root / "kjv.json"
-
-    def info(self) -> dict:
-        """The stamp's contents."""
-        try:
-            return json.loads(self.stamp.read_text())
-        except (OSError, ValueError) as exc:
-            raise DataError(f"{self.stamp}: cannot read KJV stamp ({exc})") from None
-
-
-def kjv_paths(data_dir: str | Path) -> KJVCorpus:
-    """Where fetch_kjv(data_dir) puts the set; does no work."""
-    return KJVCorpus.at(Path(data_dir).expanduser() / SUBDIR)
 
 
 def _sha256(data: bytes) -> str:
@@ -143,8 +112,8 @@ def fetch_text(root: Path, log: Log) -> str:
                 f"(use --excerpt offline or off Debian)"
             )
     log(f"downloading {' '.join(DEB_PACKAGES)} with apt-get")
-    with tempfile.TemporaryDirectory(dir=root, prefix=".download-") as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(dir=root, prefix=".download-") as tmp_name:
+        tmp = Path(tmp_name)
         _run(["apt-get", "download", *DEB_PACKAGES], tmp)
         debs = sorted(tmp.glob("*.deb"))
         if len(debs) != len(DEB_PACKAGES):
@@ -185,8 +154,6 @@ def prepare_kjv(root: str | Path, tokenizer: str | Path, text: str, log: Log | N
 
     A directory whose stamp records this text, tokenizer and split, and whose datasets open cleanly, is reused.
     """
-    from .corpus import _lock, _os_errors
-
     log = log or (lambda msg: None)
     corpus = KJVCorpus.at(Path(root).expanduser())
     tok = Tokenizer(tokenizer)
@@ -209,7 +176,7 @@ def prepare_kjv(root: str | Path, tokenizer: str | Path, text: str, log: Log | N
 
     if complete():
         return corpus
-    with _os_errors(corpus.root), _lock(corpus.root):
+    with as_data_errors(corpus.root), build_lock(corpus.root):
         if complete():
             return corpus
         if corpus.stamp.exists():
@@ -234,8 +201,6 @@ def fetch_kjv(data_dir: str | Path, vocab_size: int = 8192, excerpt: bool = Fals
 
     excerpt=True builds from the packaged excerpt and the Shakespeare excerpt corpus: no network.
     """
-    from .corpus import _os_errors, default_paths, fetch_default, prepare_excerpt
-
     log = log or (lambda msg: None)
     data_dir = Path(data_dir).expanduser()
     if excerpt:
@@ -244,34 +209,7 @@ def fetch_kjv(data_dir: str | Path, vocab_size: int = 8192, excerpt: bool = Fals
     else:
         shakespeare = fetch_default(data_dir, vocab_size, log=log)
         root = kjv_paths(data_dir).root
-        with _os_errors(root):
+        with as_data_errors(root):
             root.mkdir(parents=True, exist_ok=True)
             text = fetch_text(root, log)
     return prepare_kjv(kjv_paths(data_dir).root, shakespeare.tokenizer, text, log)
-
-
-def resolve_paths(data_cfg) -> tuple[Path, Path, Path | None]:
-    """(train_prefix, valid_prefix, tokenizer) of an SFT DataConfig; empty fields mean DATA_DIR/kjv.
-
-    An empty tokenizer means the default Shakespeare one when a default dataset is used (the sidecars'
-    sha256 must match it), else None (only the id range is checked).
-    """
-    from ..config import default_data_dir
-    from .corpus import default_paths
-
-    data_dir = default_data_dir(data_cfg)
-    default = kjv_paths(data_dir)
-    uses_default = not (data_cfg.train_prefix and data_cfg.valid_prefix)
-    if uses_default and not default.stamp.is_file():
-        raise DataError(
-            f"{default.root}: KJV SFT set not prepared; run `scaletrain data fetch --corpus kjv` "
-            f"or set data.train_prefix / data.valid_prefix"
-        )
-    train = Path(data_cfg.train_prefix) if data_cfg.train_prefix else default.train_prefix
-    valid = Path(data_cfg.valid_prefix) if data_cfg.valid_prefix else default.valid_prefix
-    tok = (
-        Path(data_cfg.tokenizer)
-        if data_cfg.tokenizer
-        else (default_paths(data_dir).tokenizer if uses_default else None)
-    )
-    return train, valid, tok

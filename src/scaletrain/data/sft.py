@@ -40,6 +40,7 @@ from scaletrain.model.loss import IGNORE_INDEX
 from .indexed import DataError, IndexedDatasetWriter, best_dtype
 from .prepare import json_lines, load_dataset, meta_path, read_meta
 from .samples import PAD_TOKEN, TrainSamples, ValidSamples
+from .sft_paths import resolve_paths
 from .tokenizer import Tokenizer
 
 # Field names tried in order when none is given: the generic pair, then GovReport's own (SCROLLS uses input/output).
@@ -294,8 +295,6 @@ def prepared_sha256(prefix: str | Path) -> str:
 
 def open_sft_datasets(data_cfg, vocab_size: int, seq_len: int, seed: int) -> tuple[SFTSamples, SFTValid]:
     """Train/valid samples for a config.DataConfig with format="sft"; empty prefixes mean the KJV proxy set."""
-    from .kjv import resolve_paths
-
     train, valid, tok_path = resolve_paths(data_cfg)
     tok = Tokenizer(tok_path) if tok_path is not None else None
     return (

@@ -3,7 +3,7 @@ loss and label convention (loss.py), LoRA adapters (lora.py), layout-independent
 (fp8.py), one ModelSpec per architecture (spec.py), the builder by `arch` (build.py), and parameter/FLOP
 counts (flops.py).
 
-May import `config`, torch and itself only; nothing here knows about devices, ranks or data (parallelism is applied
-from outside by `parallel/`). This file imports nothing, so torch-free users (`sim/` reads `model.flops`, `data/`
-reads `model.loss.IGNORE_INDEX`) load only the module they name.
+Layer 2: may import `config`, `log`, `benchmarks`, `sim` and torch; never `data` (which reads `model.loss`) nor
+anything above. Nothing here knows about devices, ranks or data: parallelism is applied from outside by
+`parallel/`. This file imports nothing, so a user of one module (`data/` reads `model.loss`) loads only that one.
 """

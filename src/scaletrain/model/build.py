@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, TypeAlias
+
 from torch import nn
 
 from scaletrain.config import ModelConfig
 from scaletrain.model.spec import model_spec
+
+if TYPE_CHECKING:
+    from scaletrain.model.gpt import GPT
+    from scaletrain.model.llama import Llama
+
+# What parallel/ and checkpoint/ may assume of a built model (cfg, embed, blocks, ln_f, head, head_is_tied). For
+# mypy only: wrappers (FSDP, compile) hand back nn.Module, so callers cast rather than check isinstance.
+Decoder: TypeAlias = "GPT | Llama"
 
 
 def build_model(cfg: ModelConfig, seed: int = 0) -> nn.Module:

@@ -26,11 +26,18 @@ from __future__ import annotations
 
 import functools
 import types
-import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
+
+from scaletrain.log import get_logger
+
+if TYPE_CHECKING:
+    from scaletrain.model.build import Decoder
+
+log = get_logger(__name__)
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 _EPS = 1e-12  # amax floor: an all-zero tensor gets a finite scale
@@ -234,10 +241,11 @@ def convert_to_float8(model: nn.Module, recipe: Float8Recipe, skip_first_last: b
     """
     from scaletrain.model.lora import LoraLinear
 
-    n_layers = getattr(getattr(model, "cfg", None), "n_layers", None) or len(model.blocks)
+    blocks = cast("Decoder", model).blocks
+    n_layers = getattr(getattr(model, "cfg", None), "n_layers", None) or len(blocks)
     skip = {"0", str(n_layers - 1)} if skip_first_last else set()
     converted, skipped = 0, []
-    for bname, block in model.blocks.items():
+    for bname, block in blocks.items():
         if bname in skip:
             continue
         for name, m in block.named_modules():
@@ -247,13 +255,12 @@ def convert_to_float8(model: nn.Module, recipe: Float8Recipe, skip_first_last: b
                 skipped.append(f"blocks.{bname}.{name}")
                 continue
             m.__class__ = Float8LoraLinear if isinstance(m, LoraLinear) else Float8Linear
-            m._init_fp8(recipe)
+            cast(Float8Linear, m)._init_fp8(recipe)  # the class swap above made it one
             converted += 1
     if skipped:
-        warnings.warn(
-            f"convert_to_float8: left in high precision (unsupported kind): {', '.join(skipped)}", stacklevel=2
-        )
+        log.warning(f"convert_to_float8: left in high precision (unsupported kind): {', '.join(skipped)}")
     if converted and hasattr(type(model), "init_weights") and "_fp8_wrapped_init" not in model.__dict__:
         model.__dict__["_fp8_wrapped_init"] = model.__dict__.get("init_weights")
-        model.init_weights = types.MethodType(_init_weights_and_fp8_state, model)
+        # torch stubs type Module.__setattr__ for tensors and modules only; a bound method is fine at run time.
+        model.init_weights = types.MethodType(_init_weights_and_fp8_state, model)  # type: ignore[assignment]
     return converted

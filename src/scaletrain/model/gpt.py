@@ -140,7 +140,7 @@ class GPT(nn.Module):
                         continue
                     name = "embed.tok"  # an untied stage copy starts equal to the embedding it mirrors
                 normal_(module.weight, std, seed, f"{name}.weight")
-                if getattr(module, "bias", None) is not None:
+                if isinstance(module, nn.Linear) and module.bias is not None:
                     nn.init.zeros_(module.bias)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -150,4 +150,5 @@ class GPT(nn.Module):
             x = block(x)
         if self.head is None:
             return x
+        assert self.ln_f is not None  # a pipeline cut drops ln_f and head together
         return self.head(self.ln_f(x))

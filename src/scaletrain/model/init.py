@@ -58,18 +58,15 @@ def local_index_ranges(tensor: torch.Tensor) -> list[torch.Tensor]:
 
     if not isinstance(tensor, DTensor):
         return [torch.arange(n) for n in tensor.shape]
-    from torch.distributed.tensor.placement_types import Shard
+    from torch.distributed.tensor.placement_types import Shard, _StridedShard
 
-    try:
-        from torch.distributed.tensor.placement_types import _StridedShard
-    except ImportError:  # pragma: no cover - older torch
-        _StridedShard = ()
     mesh = tensor.device_mesh
     coord = mesh.get_coordinate()
+    assert coord is not None, "a DTensor's own rank is always in its mesh"
     ranges = [torch.arange(n) for n in tensor.shape]
     plain, strided = [], []
     for mesh_dim, placement in enumerate(tensor.placements):
-        if _StridedShard and isinstance(placement, _StridedShard):
+        if isinstance(placement, _StridedShard):
             strided.append((mesh_dim, placement))
         elif isinstance(placement, Shard):
             plain.append((mesh_dim, placement))

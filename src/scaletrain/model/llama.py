@@ -187,4 +187,5 @@ class Llama(nn.Module):
             x = block(x) if positions is None else block(x, positions=positions)
         if self.head is None:
             return x
+        assert self.ln_f is not None  # a pipeline cut drops ln_f and head together
         return self.head(self.ln_f(x))

@@ -17,12 +17,18 @@ from __future__ import annotations
 
 import math
 import types
+from typing import TYPE_CHECKING, TypeGuard, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from scaletrain.model.init import normal_, param_key
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
+
+    from scaletrain.model.build import Decoder
 
 # Config target -> module paths inside a block, with the tensor-parallel style of the base linear. A target
 # matches the paths that exist: GPT has mlp.fc/mlp.proj, a gated (Llama) MLP mlp.gate + mlp.up / mlp.proj|down.
@@ -64,7 +70,7 @@ class LoraAdapter(nn.Module):
         self.lora_a = nn.Parameter(torch.empty(rank, in_features, device=device, dtype=dtype))
         self.lora_b = nn.Parameter(torch.empty(out_features, rank, device=device, dtype=dtype))
         self._dropout_seed = 0
-        self._gen = None
+        self._gen: torch.Generator | None = None
 
     def reset(self, seed: int, name: str, b_std: float = 0.0) -> None:
         """Layout-independent init of adapter `name` (its FQN): A Gaussian, B zero (or N(0, b_std) for tests)."""
@@ -105,12 +111,14 @@ class LoraAdapter(nn.Module):
         return F.linear(h, self.lora_b) * self.scale
 
 
-def _is_partial(t: torch.Tensor) -> bool:
+def _is_partial(t: torch.Tensor) -> TypeGuard[DTensor]:
     return any(p.is_partial() for p in getattr(t, "placements", ()))
 
 
 class LoraLinear(nn.Linear):
     """An nn.Linear (same parameters, same names) whose output adds its sibling adapter's."""
+
+    _lora_adapter: LoraAdapter  # set in the instance __dict__ by apply_lora (not a child module)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Under tensor parallelism x is the DTensor the style's input hook made and the base output a DTensor;
@@ -160,7 +168,7 @@ def apply_lora(model: nn.Module, lora_cfg, b_std: float = 0.0) -> nn.Module:
     unknown = [t for t in lora_cfg.targets if t not in TARGETS]
     if unknown:
         raise ValueError(f"lora.targets: unknown {unknown}; choose from {sorted(TARGETS)}")
-    for bname, block in model.blocks.items():
+    for bname, block in cast("Decoder", model).blocks.items():
         for target in lora_cfg.targets:
             found = False
             for path, kind in TARGETS[target]:
@@ -188,9 +196,10 @@ def apply_lora(model: nn.Module, lora_cfg, b_std: float = 0.0) -> nn.Module:
             if not found:
                 raise ValueError(f"lora.targets: {target!r} matches no linear in blocks.{bname}")
     freeze_base(model)
-    model._lora_b_std = b_std
+    # torch stubs type Module.__setattr__ for tensors and modules only; plain attributes are fine at run time.
+    model._lora_b_std = b_std  # type: ignore[assignment]
     if hasattr(type(model), "init_weights"):
-        model.init_weights = types.MethodType(_init_weights_with_lora, model)
+        model.init_weights = types.MethodType(_init_weights_with_lora, model)  # type: ignore[assignment]
     return model
 
 
@@ -208,7 +217,7 @@ def merge_lora(model: nn.Module) -> nn.Module:
             adapter = child.__dict__.pop("_lora_adapter")
             delta = (adapter.lora_b.float() @ adapter.lora_a.float()) * adapter.scale
             child.weight.add_(delta.to(child.weight.dtype))
-            child.__class__ = nn.Linear
+            child.__class__ = nn.Linear  # type: ignore[assignment]  # the class swap back; mypy keeps LoraLinear
             delattr(module, leaf + SUFFIX)
     if "init_weights" in model.__dict__:
         del model.init_weights

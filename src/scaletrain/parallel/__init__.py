@@ -2,6 +2,6 @@
 
 `layout.py` checks the degrees and builds the DeviceMesh that is passed around (never global); `parallelize.py`
 applies the layers in order; `dry_run.py` builds the real sharded model on a fake process group to read per-rank
-memory. May import `config`, `model` and torch; never `data`, `checkpoint`, `train`, `bench` or `cli`. This file
-imports nothing.
+memory. Layer 3: may import `config`, `log`, `benchmarks`, `sim`, `data`, `model` and torch; never `checkpoint`,
+`train`, `bench` or `cli`. This file imports nothing.
 """

@@ -9,9 +9,13 @@ at a few percent of compute (Korthikanti et al. 2022, "Reducing Activation Recom
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from scaletrain.model.build import Decoder
 
 MODES = ("none", "full", "selective")
 
@@ -54,5 +58,6 @@ def apply_activation_checkpoint(model: nn.Module, mode: str) -> None:
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
         kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _selective_policy())
-    for name, block in list(model.blocks.items()):
-        model.blocks[name] = checkpoint_wrapper(block, **kwargs)
+    blocks = cast("Decoder", model).blocks
+    for name, block in list(blocks.items()):
+        blocks[name] = checkpoint_wrapper(block, **kwargs)

@@ -16,10 +16,17 @@ DTensor". So the all-gather implementation below is the one used on CUDA too.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import torch
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from torch.nn.attention.bias import CausalBias
+
+    from scaletrain.model.build import Decoder
 
 # The autograd all-gather was renamed after torch 2.11; the old name still works in 2.13 but warns. (Not
 # torch.distributed.nn.functional.all_gather: on gloo its backward scatters from *group* rank i as if it were a
@@ -27,7 +34,7 @@ from torch import nn
 _all_gather_autograd = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
 
 
-def cp_positions(seq_len: int, cp: int, cp_rank: int) -> torch.LongTensor:
+def cp_positions(seq_len: int, cp: int, cp_rank: int) -> torch.Tensor:
     """Global positions held by `cp_rank`: chunks cp_rank and 2*cp-1-cp_rank of 2*cp equal chunks, in that order.
 
     cp == 1 gives arange(seq_len). Raises ValueError when seq_len is not a multiple of 2*cp or the rank is
@@ -68,7 +75,7 @@ class AllGatherCausalAttention(nn.Module):
         self.chunks = (cp_rank, 2 * cp - 1 - cp_rank)  # global chunk indices of the local halves
         # Built here for the model's own length: constructing a CausalBias inside torch.compile breaks the graph.
         c = seq_len // (2 * cp)
-        self._masks = {}
+        self._masks: dict[tuple[int, int], CausalBias] = {}
         self._positions: dict[tuple[int, torch.device], torch.Tensor] = {}
         for chunk in self.chunks:
             self._mask(c, (chunk + 1) * c)
@@ -128,9 +135,10 @@ def apply_context_parallel(model: nn.Module, cp_mesh) -> None:
         return
     if cp_mesh.ndim != 1:
         raise ValueError(f"apply_context_parallel needs a 1-D mesh, got {cp_mesh.ndim} dimensions")
+    model = cast("Decoder", model)  # the attributes below are the decoder's, not nn.Module's
     group, rank, seq_len = cp_mesh.get_group(), cp_mesh.get_local_rank(), model.cfg.seq_len
     for block in model.blocks.values():
-        block.attn.core = AllGatherCausalAttention(group, seq_len, cp, rank)
+        block.get_submodule("attn").core = AllGatherCausalAttention(group, seq_len, cp, rank)
     if model.embed is None:
         return
     cache: dict[tuple[torch.device, int], torch.Tensor] = {}

@@ -7,8 +7,13 @@ before the reduce-scatter). With bf16 training FSDP gathers bf16 parameters and 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from scaletrain.model.build import Decoder
 
 
 def apply_fsdp(model: nn.Module, dp_mesh, param_dtype: torch.dtype | None, reshard_after_forward: bool = True) -> None:
@@ -16,7 +21,7 @@ def apply_fsdp(model: nn.Module, dp_mesh, param_dtype: torch.dtype | None, resha
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    blocks = list(model.blocks.values())
+    blocks = list(cast("Decoder", model).blocks.values())
     for i, block in enumerate(blocks):
         # The last block's parameters are needed again first in backward: keeping them saves one all-gather.
         fully_shard(
@@ -34,7 +39,7 @@ def apply_ddp(model: nn.Module, dp_mesh) -> None:
 
 def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
     """Turn gradient reduction on/off for the next backward (off for all but the last accumulation micro-batch)."""
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        model.set_requires_gradient_sync(enabled)
-    elif hasattr(model, "set_requires_gradient_sync_ddp"):
-        model.set_requires_gradient_sync_ddp(enabled)
+    # fully_shard (FSDPModule) and replicate (its DDP mixin) both add this method to the module's class.
+    sync = getattr(model, "set_requires_gradient_sync", None)
+    if sync is not None:
+        sync(enabled)

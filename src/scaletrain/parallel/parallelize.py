@@ -9,6 +9,7 @@ allocated, shard by shard, and filled by the layout-independent init, so no rank
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -20,6 +21,9 @@ from scaletrain.parallel.data_parallel import apply_ddp, apply_fsdp
 from scaletrain.parallel.layout import Layout
 from scaletrain.parallel.pipeline import TiedEmbeddingSync, build_schedule, cut_stage, make_stage, stage_ids
 from scaletrain.parallel.tensor_parallel import apply_tensor_parallel
+
+if TYPE_CHECKING:
+    from scaletrain.model.build import Decoder
 
 
 @dataclass
@@ -90,8 +94,9 @@ def parallelize_part(part: nn.Module, cfg: Config, layout: Layout, mesh) -> None
         convert_to_float8(part, Float8Recipe(scaling=cfg.train.fp8_recipe))
     apply_activation_checkpoint(part, cfg.parallel.activation_checkpoint)
     if cfg.train.compile:
-        for name, block in list(part.blocks.items()):
-            part.blocks[name] = torch.compile(block)
+        blocks = cast("Decoder", part).blocks
+        for name, block in list(blocks.items()):
+            blocks[name] = cast(nn.Module, torch.compile(block))  # compiling a module returns a module
     kind = layout.data_parallel_kind
     if mesh is None or kind == "none":
         return
@@ -112,7 +117,7 @@ def parallelize(
     """
     pp_rank = mesh["pp"].get_local_rank() if mesh is not None else 0
     parts, ids = build_meta_parts(cfg, layout, pp_rank)
-    for part in parts:
+    for part in cast("list[Decoder]", parts):
         parallelize_part(part, cfg, layout, mesh)
         part.to_empty(device=device)
         part.tie_weights()

@@ -10,10 +10,15 @@ by summing their gradients (`TiedEmbeddingSync`), as Megatron-LM does.
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
+
+if TYPE_CHECKING:
+    from scaletrain.model.build import Decoder
 
 
 def stage_ids(pp_rank: int, pp: int, pp_virtual: int) -> list[int]:
@@ -33,8 +38,9 @@ def cut_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
     Block FQNs stay those of the full model (blocks.<i>), so stage parameters have the same names, init streams
     and checkpoint keys as in the one-process model.
     """
-    stage_model = copy.deepcopy(model)
-    keep = {str(i) for i in stage_layers(model.cfg.n_layers, num_stages, stage)}
+    full = cast("Decoder", model)
+    stage_model = copy.deepcopy(full)
+    keep = {str(i) for i in stage_layers(full.cfg.n_layers, num_stages, stage)}
     for name in list(stage_model.blocks.keys()):
         if name not in keep:
             del stage_model.blocks[name]
@@ -42,8 +48,9 @@ def cut_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
     if not last:
         stage_model.ln_f = None
         stage_model.head = None
-    elif not first and model.head_is_tied:
+    elif not first and full.head_is_tied:
         # The head's own copy of the tied matrix (deepcopy kept the tie; cut it before dropping the embedding).
+        assert stage_model.head is not None and stage_model.embed is not None  # tied: both exist
         stage_model.head.weight = nn.Parameter(torch.empty_like(stage_model.embed.tok.weight))
     if not first:
         stage_model.embed = None
@@ -79,8 +86,8 @@ class TiedEmbeddingSync:
     """
 
     def __init__(self, mesh, parts: list[nn.Module], pp: int):
-        self.param = None  # this rank's copy of the tied matrix (embedding or head)
-        self.copy = None  # the head's copy, which must not count twice in the gradient norm
+        self.param: torch.Tensor | None = None  # this rank's copy of the tied matrix (embedding or head)
+        self.copy: torch.Tensor | None = None  # the head's copy, which must not count twice in the gradient norm
         self.group = None
         # An untied model (Llama) has nothing to share; every rank builds the same model, so all skip alike.
         if pp == 1 or not getattr(parts[0], "tied_embeddings", True):
@@ -93,7 +100,7 @@ class TiedEmbeddingSync:
             group = dist.new_group([row[0], row[-1]])
             if me in (row[0], row[-1]):
                 self.group = group
-        for part in parts:
+        for part in cast("list[Decoder]", parts):
             if part.embed is not None:
                 self.param = part.embed.tok.weight
             elif part.head is not None:
@@ -104,7 +111,11 @@ class TiedEmbeddingSync:
         if self.group is None or self.param is None or self.param.grad is None:
             return
         grad = self.param.grad
-        if hasattr(grad, "placements") and tuple(grad.placements) != tuple(self.param.placements):
+        if (
+            isinstance(grad, DTensor)
+            and isinstance(self.param, DTensor)
+            and tuple(grad.placements) != tuple(self.param.placements)
+        ):
             # DTensor's embedding backward leaves a vocabulary-parallel weight's gradient replicated; shard it
             # like the weight (a local slice, no communication) so both stages reduce matching shards.
             grad = grad.redistribute(grad.device_mesh, self.param.placements)

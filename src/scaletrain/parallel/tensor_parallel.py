@@ -9,33 +9,37 @@ vocabulary-sharded logits that `loss_parallel()` consumes without ever gathering
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from torch import nn
 
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel.style import ParallelStyle
 
-class ReplicateParallel:
+    from scaletrain.model.build import Decoder
+
+
+def ReplicateParallel() -> ParallelStyle:
     """Parallel style that keeps a module's parameters whole (Replicate DTensors) and its output a DTensor.
 
-    Used for the position embedding, whose output is added to the vocabulary-parallel token embedding.
+    Used for the position embedding, whose output is added to the vocabulary-parallel token embedding. A
+    factory rather than a class so that the TP modules load only when tensor parallelism is used.
     """
+    from torch.distributed.tensor.parallel.style import ParallelStyle
 
-    def __new__(cls, *args, **kwargs):
-        from torch.distributed.tensor.parallel.style import ParallelStyle
+    class _Style(ParallelStyle):
+        def _apply(self, module: nn.Module, device_mesh):
+            from torch.distributed.tensor import DTensor, Replicate, distribute_module
 
-        class _Style(ParallelStyle):
-            def _apply(self, module: nn.Module, device_mesh):
-                from torch.distributed.tensor import DTensor, Replicate, distribute_module
+            def input_fn(mod, inputs, mesh):
+                return tuple(
+                    DTensor.from_local(t, mesh, (Replicate(),), run_check=False) if not isinstance(t, DTensor) else t
+                    for t in inputs
+                )
 
-                def input_fn(mod, inputs, mesh):
-                    return tuple(
-                        DTensor.from_local(t, mesh, (Replicate(),), run_check=False)
-                        if not isinstance(t, DTensor)
-                        else t
-                        for t in inputs
-                    )
+            return distribute_module(module, device_mesh, input_fn=input_fn)
 
-                return distribute_module(module, device_mesh, input_fn=input_fn)
-
-        return _Style()
+    return _Style()
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = True) -> None:
@@ -62,7 +66,8 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = T
         return
     tied = getattr(model, "head_is_tied", False)
     residual = Shard(1) if sequence_parallel else Replicate()
-    plan: dict[str, object] = {}
+    model = cast("Decoder", model)  # the attributes below are the decoder's, not nn.Module's
+    plan: dict[str, ParallelStyle] = {}
     if model.embed is not None:
         plan["embed.tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=residual, use_local_output=False)
         if getattr(model.embed, "pos", None) is not None:  # GPT's learned positions; Llama's are rotary
@@ -94,4 +99,5 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = T
         parallelize_module(block, tp_mesh, block_plan)
     if tied:
         # Both styles sharded the same [vocab, d] matrix along the vocabulary; re-point the head at the one copy.
+        assert model.head is not None and model.embed is not None  # tied: both exist
         model.head.weight = model.embed.tok.weight

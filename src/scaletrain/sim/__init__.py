@@ -4,6 +4,7 @@ Pure Python (no torch at import): `workload` turns the trainer's model config in
 holds hardware, `compute`/`comm`/`schedule`/`memory` price one step, `mlperf` turns steps into time-to-train,
 `calibrate` fits the few free scalars on published results, and `plan` searches layouts.
 
-May import `config` and the torch-free `model.flops` only; never torch, `train`, `parallel`, `bench`, `checkpoint`
-or `data`, so predictions run anywhere (the CLI imports it without torch for `scaletrain predict`/`plan`).
+Layer 1: may import `config`, `log` and `benchmarks` only; never torch, nor `model`, `data`, `parallel`,
+`checkpoint`, `train` or `bench`, so predictions run anywhere (the CLI imports it without torch for
+`scaletrain predict`/`plan`). The layers above import it: the trainer and the dry run price memory with it.
 """

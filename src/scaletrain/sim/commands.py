@@ -12,12 +12,15 @@ from dataclasses import replace
 from pathlib import Path
 
 from scaletrain import benchmarks
+from scaletrain.log import get_logger
 from scaletrain.sim import calibrate as cal
 from scaletrain.sim.catalog import load_catalog
 from scaletrain.sim.efficiency import efficiency_for
 from scaletrain.sim.predict import Prediction, predict
 from scaletrain.sim.results import bundled_results, load_results
 from scaletrain.sim.workload import ClusterLayout, load_config, load_workload
+
+log = get_logger(__name__)
 
 
 def _layout(args) -> ClusterLayout:
@@ -253,10 +256,10 @@ def cmd_calibrate(args) -> int:
     else:
         rows, errors = _results(args.published or [])
         for where, why in errors:
-            print(f"skipped {where}: {why}", file=sys.stderr)
+            log.warning(f"skipped {where}: {why}")
         ready, bad = cal.prepare(rows, cat)
         for r, why in bad:
-            print(f"skipped {_where(r)}: {why}", file=sys.stderr)
+            log.warning(f"skipped {_where(r)}: {why}")
         effs = cal.fit(ready)
         scores = cal.score_rows(ready, lambda r: effs[r.set])
         doc = json.loads(cal.to_json(effs, scores))

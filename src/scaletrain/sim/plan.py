@@ -20,7 +20,7 @@ from scaletrain.sim import memory, mlperf
 from scaletrain.sim.catalog import load_catalog
 from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import efficiency_for
-from scaletrain.sim.predict import Prediction, benchmark_of, eval_time, expected_convergence, predict
+from scaletrain.sim.predict import ExpectedRun, Prediction, benchmark_of, eval_time, expected_convergence, predict
 from scaletrain.sim.step import stage_costs, step_time
 from scaletrain.sim.workload import ClusterLayout, Workload
 
@@ -143,7 +143,10 @@ def _tiebreak(lay: ClusterLayout) -> tuple:
 
 def _value(p: Prediction, objective: str) -> float:
     """Lower is better."""
-    return p.time_to_train_min if objective == "ttt" else -p.tokens_per_s_per_gpu
+    if objective == "ttt":
+        assert p.time_to_train_min is not None, "ttt is the objective of benchmark workloads only"
+        return p.time_to_train_min
+    return -p.tokens_per_s_per_gpu
 
 
 def plan(
@@ -189,18 +192,20 @@ def plan(
         if gbs and gbs > sizes[-1]:
             raise ValueError(f"gbs {gbs} is above the largest {bench} RCP batch size {sizes[-1]}")
     cl = Cluster(g, n, f, gpus)
-    runs: dict[int, object] = {}  # gbs -> expected steps and evaluations
+    runs: dict[int, ExpectedRun] = {}  # gbs -> expected steps and evaluations
 
     def score(lay: ClusterLayout, step_s: float, fwd_s: float) -> float:
         """The objective (lower is better) of `lay` at `step_s` seconds per step, `fwd_s` forward per micro-batch."""
         if objective == "throughput":
             return -lay.gbs * w.seq_len / step_s / gpus
+        assert bench is not None, "objective ttt was refused above for a non-benchmark"
         run = runs.get(lay.gbs) or runs.setdefault(lay.gbs, expected_convergence(bench, lay.gbs))
         return (run.steps * step_s + run.evals * eval_time(w, lay, fwd_s, run.eval_tokens, eff)) / 60
 
     cost_cache: dict[tuple, tuple] = {}
     fit_cache: dict[tuple, tuple] = {}
-    bounds, rejected, searched, feasible, least_mem = [], Counter(), 0, 0, float("inf")
+    rejected: Counter[str] = Counter()
+    bounds, searched, feasible, least_mem = [], 0, 0, float("inf")
     for tp, pp, vp, cp in _shapes(w, gpus, n.nvlink_domain):
         for mbs in MBS:
             unit = gpus // (tp * pp * cp) * mbs

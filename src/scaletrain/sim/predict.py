@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from scaletrain import benchmarks
 from scaletrain.sim import memory, mlperf
@@ -117,7 +118,7 @@ def predict(
     reasons = layout.problems(w)
     if layout.fp8 and g.fp8_tflops <= 0:
         reasons.append(f"{g.key} has no FP8 tensor cores")
-    base = dict(
+    base: dict[str, Any] = dict(
         model=w.name,
         gpu=g.key,
         node=n.key,

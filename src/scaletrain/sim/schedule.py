@@ -15,6 +15,7 @@ its producers are settled; ranks blocked on a producer are woken by it, so the p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
@@ -122,7 +123,7 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, fwd=None, bwd=None, p2p:
     waiters: dict[tuple[bool, int], list[int]] = {}  # unsettled producer -> ranks blocked on it
     pos = [0] * p
     free = [0.0] * p
-    first_f = [[None] * v for _ in range(p)]
+    first_f: list[list[float | None]] = [[None] * v for _ in range(p)]
     last_b = [[0.0] * v for _ in range(p)]
     stack = list(range(p))
     while stack:
@@ -195,7 +196,8 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, fwd=None, bwd=None, p2p:
         busy=busy,
         bubble_fraction=(makespan - mean_busy) / makespan if makespan > 0 else 0.0,
         last_backward_end=last_b,
-        first_forward_start=first_f,
+        # Past the deadlock check every forward has run, so no None is left.
+        first_forward_start=cast(list[list[float]], first_f),
         max_in_flight=in_flight,
     )
 

@@ -5,6 +5,6 @@ clipping (grad_norm.py), the optimizer and LR rule (optim.py), metrics and the l
 run-directory integrity (rundir.py), stop signals (signals.py), CPU host settings (host.py), loss plots (report.py)
 and the `scaletrain train` entry point (run.py).
 
-May import `config`, `sim`, `data`, `model`, `parallel` and `checkpoint`; never `bench` or `cli` (the MLPerf log is
-an observer that `bench/` attaches to the loop). This file imports nothing.
+Layer 5: may import `config`, `log`, `benchmarks`, `sim`, `data`, `model`, `parallel` and `checkpoint`; never
+`bench` (which sits above and observes the loop) or `cli`. This file imports nothing.
 """

@@ -53,7 +53,7 @@ class ProgressBar:
 
     def update(self, record: dict[str, Any]) -> None:
         """Move the bar to the record's step and show its loss / eval loss."""
-        fields = {}
+        fields: dict[str, Any] = {}
         if "loss" in record:
             fields.update(loss=f"{record['loss']:.3f}", tps=f"{record.get('tokens_per_s', 0):,.0f}")
         if "eval_loss" in record:

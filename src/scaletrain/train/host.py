@@ -114,7 +114,8 @@ def check_host_memory(cfg, layout) -> None:
 
 
 def _human(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
-        if n < 1000 or unit == "PB":
-            return f"{n:.1f} {unit}" if unit in ("TB", "PB") else f"{n:.0f} {unit}"
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000:
+            return f"{n:.1f} {unit}" if unit == "TB" else f"{n:.0f} {unit}"
         n /= 1000
+    return f"{n:.1f} PB"

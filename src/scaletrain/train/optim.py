@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -12,7 +13,7 @@ from scaletrain.config import OptimConfig
 def build_optimizer(params, cfg: OptimConfig, device_type: str) -> torch.optim.Optimizer:
     """AdamW over every parameter: the gpt3 rule decays LayerNorm weights and biases too (no exclusion groups)."""
     params = [p for p in params if p.requires_grad]
-    kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    kwargs: dict[str, Any] = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
     if device_type == "cuda":
         kwargs["fused"] = True
     return torch.optim.AdamW(params, **kwargs)

@@ -13,7 +13,8 @@ def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise DataError(f"{path}: no metrics.jsonl (is {run_dir} a run directory?)")
-    train, evals = [], []
+    train: list[dict] = []
+    evals: list[dict] = []
     for lineno, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue

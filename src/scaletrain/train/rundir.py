@@ -21,12 +21,14 @@ import os
 import re
 import shutil
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from scaletrain.config import ConfigError
+from scaletrain.log import get_logger
+
+log = get_logger(__name__)
 
 LOCK_NAME = ".scaletrain.lock"
 DEFAULT_DIRS = ("runs/latest", "runs/bench")
@@ -169,7 +171,7 @@ class RunDirLock:
         if owner and pid != me["pid"]:
             dead = isinstance(pid, int) and pid > 0 and owner.get("host") == me["host"] and not _alive(pid)
             gone = "not running" if dead else "its lock is free"
-            return f"scaletrain: warning: took over the stale lock of {_describe(owner)} in {self.directory} ({gone})"
+            return f"took over the stale lock of {_describe(owner)} in {self.directory} ({gone})"
         return None
 
     def release(self) -> None:
@@ -296,7 +298,9 @@ def plan_existing(
     )
 
 
-def apply_plan(directory: Path, action: str, *, bench: bool = False, checkpoint_dir: Path | None = None) -> str | None:
+def apply_plan(
+    directory: Path, action: str | None, *, bench: bool = False, checkpoint_dir: Path | None = None
+) -> str | None:
     """Carry out plan_existing's answer (rank 0, holding the lock); returns a line to print, if any."""
     if action == "overwrite":
         removed = clear_run(directory, bench, checkpoint_dir)
@@ -336,7 +340,9 @@ class RunDirClaim:
         error = None
         if self.lock is not None:
             try:
-                warn(self.lock.acquire())
+                stale = self.lock.acquire()
+                if stale:
+                    log.warning(stale)
             except RunDirError as exc:
                 error = str(exc)
         error = share(error)
@@ -379,7 +385,9 @@ class RunDirClaim:
         error = None
         if self.writer:
             try:
-                warn(apply_plan(self.directory, self.action, bench=self.bench, checkpoint_dir=self.checkpoint_dir))
+                done = apply_plan(self.directory, self.action, bench=self.bench, checkpoint_dir=self.checkpoint_dir)
+                if done:
+                    log.info(done)
             except OSError as exc:
                 error = (
                     f"{self.directory}: cannot {'clear' if self.action == 'overwrite' else 'move'} the previous "
@@ -413,9 +421,3 @@ def share(value: Any) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def warn(line: str | None) -> None:
-    """Print one warning/notice line on stderr."""
-    if line:
-        print(line, file=sys.stderr, flush=True)

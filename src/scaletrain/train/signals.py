@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# What signal.signal returns and accepts: a callable, SIG_DFL/SIG_IGN, or None (set outside Python).
+_Handler = Callable[[int, FrameType | None], Any] | int | None
 
 
 class StopSignals:
@@ -24,7 +29,7 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.received = 0
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, _Handler] = {}
 
     def install(self) -> bool:
         """Take over the stop signals (main thread only: Python delivers signals there); False elsewhere."""
