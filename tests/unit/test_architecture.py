@@ -16,11 +16,13 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src" / "scaletrain"
 
 # Lowest first; a module may import its own package or a lower layer (docs/architecture.md, "Layers").
-LAYERS: dict[str, int] = {
-    "config": 0,
+# Layer 0 has an order inside it: the logger, the benchmark registry and the TOML machinery come before config.
+LAYERS: dict[str, float] = {
     "log": 0,
     "benchmarks": 0,
-    "presets": 0,
+    "config_io": 0,
+    "config": 0.5,
+    "presets": 0.5,
     "sim": 1,
     "data": 2,
     "model": 2,

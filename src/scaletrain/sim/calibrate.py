@@ -13,6 +13,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, replace
+from typing import Any
 
 from scaletrain.sim import mlperf
 from scaletrain.sim.catalog import Catalog, CatalogError, load_catalog
@@ -384,9 +385,8 @@ def fit_layer_timings(doc: dict, cat: Catalog, gpu: str | None = None, base=None
 
 def apply_gpu_override(cat: Catalog, key: str, fields_: dict) -> Catalog:
     """The catalog with GPU `key`'s fields replaced (what loading catalog_toml's output with --catalog does)."""
-    cat.gpus[key] = replace(
-        cat.gpu(key), **{k: tuple(map(tuple, v)) if k.startswith("gemm_curve") else v for k, v in fields_.items()}
-    )
+    changes: dict[str, Any] = {k: tuple(map(tuple, v)) if k.startswith("gemm_curve") else v for k, v in fields_.items()}
+    cat.gpus[key] = replace(cat.gpu(key), **changes)
     return cat
 
 
