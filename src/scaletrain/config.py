@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scaletrain import benchmarks
+from scaletrain import architectures, benchmarks
 from scaletrain import config_io as _io
 from scaletrain.config_io import ConfigError, list_presets, parse_override, preset_dict
 
@@ -289,8 +289,8 @@ class Config:
 def _problems(c: Config):
     yield from _io.nonfinite(c)  # no float field documents inf as meaningful
     m, t, o, b = c.model, c.train, c.optim, c.bench
-    if m.arch not in ARCHS:
-        yield f"model.arch={m.arch!r}: must be one of {list(ARCHS)}"
+    if m.arch not in architectures.names():
+        yield f"model.arch={m.arch!r}: must be one of {list(architectures.names())}"
     if m.n_kv_heads < 0 or (m.n_kv_heads and m.n_heads % m.n_kv_heads):
         yield f"model.n_kv_heads={m.n_kv_heads}: must be 0 or divide model.n_heads={m.n_heads}"
     lo = c.lora
@@ -370,7 +370,6 @@ def _problems(c: Config):
         yield f"parallel.activation_checkpoint={p.activation_checkpoint!r}: must be 'none', 'full' or 'selective'"
 
 
-ARCHS = ("gpt3", "llama")
 LORA_TARGETS = ("qkv", "proj", "fc1", "fc2")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 

@@ -20,6 +20,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "scaletrain"
 LAYERS: dict[str, float] = {
     "log": 0,
     "benchmarks": 0,
+    "architectures": 0,
     "config_io": 0,
     "config": 0.5,
     "presets": 0.5,

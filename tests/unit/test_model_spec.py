@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from scaletrain import config
+from scaletrain import architectures
 from scaletrain.config import ModelConfig
 from scaletrain.model import flops
 from scaletrain.model.spec import MODELS, model_spec
 
 
 def _tiny(arch: str, **kw) -> ModelConfig:
-    shape = dict(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2 if model_spec(arch).grouped_kv else 0, d_ff=96)
+    shape = dict(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2 if model_spec(arch).facts.grouped_kv else 0, d_ff=96)
     return ModelConfig(arch=arch, **{**shape, "seq_len": 32, "vocab_size": 250, "vocab_multiple": 128, **kw})
 
 
@@ -26,19 +26,19 @@ def test_every_spec_builds_a_model_its_facts_describe(arch):
     model = build_model(cfg, seed=0)
     # Tied matrices are one Parameter, so parameters() counts them once, like num_params.
     assert sum(p.numel() for p in model.parameters()) == flops.num_params(cfg)
-    assert model.head_is_tied == spec.tied_head
-    assert (getattr(model.embed, "pos", None) is not None) == spec.learned_positions
+    assert model.head_is_tied == spec.facts.tied_head
+    assert (getattr(model.embed, "pos", None) is not None) == spec.facts.learned_positions
     block = model.blocks["0"]
-    assert block.mlp.fc.out_features == (spec.mlp_matrices - 1) * cfg.ffn_size
-    assert (block.attn.qkv.bias is not None) == spec.biases
-    assert sum(p.numel() for p in block.ln1.parameters()) == spec.norm_weights * cfg.d_model
+    assert block.mlp.fc.out_features == (spec.facts.mlp_matrices - 1) * cfg.ffn_size
+    assert (block.attn.qkv.bias is not None) == spec.facts.biases
+    assert sum(p.numel() for p in block.ln1.parameters()) == spec.facts.norm_weights * cfg.d_model
     with torch.no_grad():
         assert model(torch.zeros(1, 8, dtype=torch.long)).shape == (1, 8, cfg.padded_vocab)
 
 
 def test_config_accepts_exactly_the_registered_architectures():
     # config validates model.arch before any model code loads, so it keeps the names; they must agree.
-    assert tuple(config.ARCHS) == tuple(MODELS)
+    assert architectures.names() == tuple(MODELS)
     with pytest.raises(ValueError, match=r"model.arch='mamba': no model builder \(known: 'gpt3', 'llama'\)"):
         model_spec("mamba")
 
@@ -72,9 +72,10 @@ def test_one_registry_entry_is_enough_for_build_flops_and_layout(monkeypatch):
     from scaletrain.parallel.layout import Layout, LayoutError
 
     # GPT's module under another name, with grouped K/V declared: a new architecture as the registry sees it.
-    fake = replace(MODELS["gpt3"], name="gptx", grouped_kv=True)
-    monkeypatch.setitem(spec_mod.MODELS, "gptx", fake)
-    monkeypatch.setattr(config, "ARCHS", (*config.ARCHS, "gptx"))
+    monkeypatch.setitem(spec_mod.MODELS, "gptx", replace(MODELS["gpt3"], name="gptx"))
+    monkeypatch.setitem(
+        architectures.ARCHITECTURES, "gptx", replace(architectures.get("gpt3"), name="gptx", grouped_kv=True)
+    )
     cfg = resolve("gpt3-proxy", overrides=["model.arch=gptx", "model.n_kv_heads=2", "parallel.tp=4"])
     tiny = _tiny("gptx", n_kv_heads=0)
     assert sum(p.numel() for p in build_model(tiny).parameters()) == flops.num_params(tiny)

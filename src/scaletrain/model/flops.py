@@ -8,8 +8,8 @@ The simulator's per-layer inventory (`scaletrain.sim.layers`) derives the same f
 
 from __future__ import annotations
 
+from scaletrain import architectures
 from scaletrain.config import ModelConfig
-from scaletrain.model.spec import model_spec
 
 
 def _attn_proj_params(cfg: ModelConfig) -> int:
@@ -20,7 +20,7 @@ def _attn_proj_params(cfg: ModelConfig) -> int:
 
 def _mlp_params(cfg: ModelConfig) -> int:
     """Weights of one layer's MLP: two matrices (GELU) or three (SwiGLU gate, up, down)."""
-    return model_spec(cfg.arch).mlp_matrices * cfg.d_model * cfg.ffn_size
+    return architectures.get(cfg.arch).mlp_matrices * cfg.d_model * cfg.ffn_size
 
 
 def lora_params(cfg: ModelConfig, rank: int, targets=("qkv", "proj")) -> int:
@@ -31,7 +31,7 @@ def lora_params(cfg: ModelConfig, rank: int, targets=("qkv", "proj")) -> int:
     fans = {
         "qkv": (h, h + 2 * cfg.kv_heads * hd),
         "proj": (h, h),
-        "fc1": (h, f * (2 if model_spec(cfg.arch).gated_mlp else 1)),
+        "fc1": (h, f * (2 if architectures.get(cfg.arch).gated_mlp else 1)),
         "fc2": (f, h),
     }
     return cfg.n_layers * sum(rank * sum(fans[t]) for t in targets)
@@ -39,7 +39,7 @@ def lora_params(cfg: ModelConfig, rank: int, targets=("qkv", "proj")) -> int:
 
 def num_params(cfg: ModelConfig, include_embeddings: bool = True) -> int:
     """Parameters of the base model (tied head counted once, padded vocabulary rows included; no adapters)."""
-    spec = model_spec(cfg.arch)
+    spec = architectures.get(cfg.arch)
     h, f, hd = cfg.d_model, cfg.ffn_size, cfg.d_model // cfg.n_heads
     per_layer = _attn_proj_params(cfg) + _mlp_params(cfg) + 2 * spec.norm_weights * h  # two norms per block
     if spec.biases:  # qkv, attention output, fc (gate and up when gated), MLP output

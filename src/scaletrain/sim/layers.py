@@ -18,6 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from scaletrain import architectures
+from scaletrain.architectures import Architecture
+
 LORA_DROPOUT_BYTES = 3
 """Per element of an adapted projection's input: the adapter's dropout output (bf16) and its 1-byte mask (MLPerf's
 LoRA rules fix adapter dropout at 0.1, so it is always on)."""
@@ -28,7 +31,7 @@ class ModelShape:
     """What the inventory needs to know about a model: its widths and how it is trained (LoRA)."""
 
     arch: str
-    """"gpt3" (LayerNorm, GELU, biases, learned positions, tied head) or "llama" (RMSNorm, SwiGLU, no biases)."""
+    """model.arch; its structure (gated MLP, biases, norms, tied head) comes from scaletrain/architectures.py."""
     layers: int
     hidden: int
     heads: int
@@ -42,9 +45,14 @@ class ModelShape:
     lora_targets: tuple = ("qkv", "proj")
 
     @property
+    def facts(self) -> Architecture:
+        """The architecture's structure (scaletrain/architectures.py)."""
+        return architectures.get(self.arch)
+
+    @property
     def gated(self) -> bool:
         """SwiGLU: fc1 computes gate and up (2·ffn wide), three matrices in all."""
-        return self.arch == "llama"
+        return self.facts.gated_mlp
 
     @property
     def head_dim(self) -> int:
@@ -148,7 +156,7 @@ class Inventory:
         h, f, hd = s.hidden, s.ffn, s.head_dim
         qkv = (s.heads + 2 * s.kv_heads) * hd
         fc1 = f * (2 if s.gated else 1)
-        bias, lora = s.arch != "llama", s.lora_rank > 0
+        bias, lora = s.facts.biases, s.lora_rank > 0
         base = (
             Gemm("qkv", qkv, h, "col", not lora, fp8=True, bias=bias),
             Gemm("proj", h, h, "row", not lora, fp8=True, bias=bias, shares_input=True),
@@ -177,7 +185,7 @@ class Inventory:
             Saved("hidden dropout masks", "rep", 2 * h, dropout=True),
             Saved("mlp activation input", "shard", 2 * fc1),
         )
-        self.norm_params = (2 if bias else 1) * h  # per norm: LayerNorm weight + bias, RMSNorm weight
+        self.norm_params = s.facts.norm_weights * h  # per norm: LayerNorm weight + bias, RMSNorm weight
         self.logits = Gemm("logits", s.vocab, h, "col", not lora)
 
     @cached_property
@@ -198,7 +206,7 @@ class Inventory:
     @property
     def head_params(self) -> int:
         """Untied output layer weights (0 when tied to the embedding)."""
-        return 0 if self.shape.arch != "llama" else self.logits.n * self.logits.k
+        return 0 if self.shape.facts.tied_head else self.logits.n * self.logits.k
 
     @cached_property
     def params(self) -> int:
@@ -227,7 +235,7 @@ class Inventory:
             total += s.vocab // tp * s.hidden + s.positions * s.hidden
         if last:
             total += self.norm_params
-            if s.arch == "llama" or not first:
+            if not s.facts.tied_head or not first:
                 total += self.logits.local_params(tp)
         return total
 

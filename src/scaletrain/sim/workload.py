@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from scaletrain import benchmarks
+from scaletrain import architectures, benchmarks
 from scaletrain.config import Config, ConfigError, resolve
 from scaletrain.sim.layers import Inventory, ModelShape
 
@@ -22,7 +22,7 @@ class Workload:
     name: str
     """Preset name it came from."""
     arch: str
-    """"gpt3" or "llama"."""
+    """model.arch (scaletrain/architectures.py)."""
     layers: int
     """l: transformer blocks."""
     hidden: int
@@ -73,7 +73,7 @@ class Workload:
     @property
     def gated_mlp(self) -> bool:
         """SwiGLU (three MLP matrices) rather than GELU (two)."""
-        return self.arch == "llama"
+        return architectures.get(self.arch).gated_mlp
 
     @property
     def head_dim(self) -> int:
@@ -133,7 +133,7 @@ def model_shape(cfg: Config) -> ModelShape:
         kv_heads=m.kv_heads,
         ffn=m.ffn_size,
         vocab=m.padded_vocab,
-        positions=m.seq_len if m.arch != "llama" else 0,
+        positions=m.seq_len if architectures.get(m.arch).learned_positions else 0,
         lora_rank=max(lo.rank, 0),
         lora_targets=tuple(lo.targets),
     )
