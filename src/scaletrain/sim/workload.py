@@ -7,7 +7,7 @@ inventory (`sim/layers.py`), which a test ties to the real modules and to the tr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 from scaletrain import architectures, benchmarks
@@ -55,20 +55,8 @@ class Workload:
     @cached_property
     def inventory(self) -> Inventory:
         """The per-layer GEMMs and attention ops of this model (sim/layers.py)."""
-        return Inventory(
-            ModelShape(
-                arch=self.arch,
-                layers=self.layers,
-                hidden=self.hidden,
-                heads=self.heads,
-                kv_heads=self.kv_heads,
-                ffn=self.ffn,
-                vocab=self.vocab,
-                positions=self.positions,
-                lora_rank=self.lora_rank,
-                lora_targets=tuple(self.lora_targets),
-            )
-        )
+        # ModelShape's fields are a subset of the Workload's, under the same names.
+        return Inventory(ModelShape(**{f.name: getattr(self, f.name) for f in fields(ModelShape)}))
 
     @property
     def gated_mlp(self) -> bool:
@@ -98,27 +86,17 @@ class Workload:
 
 def workload_from_config(cfg: Config, name: str = "", seq_len: int | None = None) -> Workload:
     """The Workload of a resolved trainer config."""
-    m, lo = cfg.model, cfg.lora
-    s = seq_len or m.seq_len
+    s = seq_len or cfg.model.seq_len
     shape = model_shape(cfg)
     inv = Inventory(shape)
     return Workload(
         name=name or cfg.preset,
-        arch=m.arch,
-        layers=m.n_layers,
-        hidden=m.d_model,
-        heads=m.n_heads,
-        kv_heads=m.kv_heads,
-        ffn=m.ffn_size,
-        vocab=m.padded_vocab,
         seq_len=s,
-        lora_rank=lo.rank,
-        lora_targets=shape.lora_targets,
         params=inv.params,
         trainable_params=inv.trainable_params,
         flops_per_token=inv.flops_per_token(s),
         forward_flops=inv.forward_flops(s),
-        positions=shape.positions,
+        **{f.name: getattr(shape, f.name) for f in fields(ModelShape)},
     )
 
 
