@@ -10,10 +10,10 @@ import pytest
 
 from scaletrain.sim.catalog import CatalogError, load_catalog, mfu_peak
 
-GPUS = ("a100", "h100", "h200", "b200", "gb200", "gb300")
+GPUS = ("a100", "h100", "h200", "b200", "b300", "gb200", "gb300", "mi300x", "mi325x", "mi350x", "mi355x")
 NODES = ("hgx-h100", "nd-h100-v5", "hgx-h200", "nd-h200-v5", "dgx-a100", "dgx-b200", "nd-gb200-v6", "gb200-nvl72",
-         "gb300-nvl72")
-FABRICS = ("ib-ndr", "ib-ndr-sharp", "ib-xdr", "ib-hdr", "roce")
+         "gb300-nvl72", "hgx-b300", "mi300x-oam", "mi325x-oam", "mi350x-oam", "mi355x-oam")
+FABRICS = ("ib-ndr", "ib-ndr-sharp", "ib-xdr", "ib-hdr", "roce", "roce-800")
 
 # A complete GPU entry (every required field) for user files.
 NEW_GPU = """
@@ -87,7 +87,7 @@ def _write(tmp_path: Path, text: str, name: str = "user.toml") -> Path:
     return path
 
 
-def test_shipped_catalog_has_six_gpus_and_every_node_and_fabric():
+def test_shipped_catalog_has_every_gpu_node_and_fabric():
     cat = load_catalog()
     assert set(cat.gpus) == set(GPUS)
     assert set(NODES) <= set(cat.nodes)

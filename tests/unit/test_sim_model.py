@@ -199,9 +199,10 @@ def test_collective_inside_one_node_is_the_nvlink_ring():
     # No NVLS on DGX A100: all-reduce uses the ring figure (230 GB/s).
     a100 = _cluster(64, "a100")
     assert a100.collective("all_reduce", 8, S) == pytest.approx(2 * 7 * 2e-6 + 2 * 7 / 8 * S / 230e9, rel=1e-12)
-    # GB200 NVL72: the 72-GPU domain is one NVLink ring at 680 GB/s.
+    # GB200 NVL72: the 72-GPU domain is one NVLink domain: ring 680 GB/s, all-reduce with NVLS at 884 GB/s.
     gb = _cluster(1152, "gb200")
-    assert gb.collective("all_reduce", 72, S) == pytest.approx(2 * 71 * 2e-6 + 2 * 71 / 72 * S / 680e9)
+    assert gb.collective("all_reduce", 72, S) == pytest.approx(2 * 71 * 2e-6 + 2 * 71 / 72 * S / 884e9)
+    assert gb.collective("reduce_scatter", 72, S) == pytest.approx(71 * 2e-6 + 71 / 72 * S / 680e9)
     # Trivial cases.
     assert cl.collective("all_reduce", 1, S) == 0.0
     assert cl.collective("all_reduce", 8, 0.0) == 0.0

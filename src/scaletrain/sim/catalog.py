@@ -48,6 +48,10 @@ class GPU:
     """Optional measured curve for FP8 GEMMs."""
     default_node: str = ""
     """The node `predict --gpu KEY` uses when --node is not given."""
+    fp4_tflops: float = 0.0
+    """Dense FP4 peak (NVFP4 on Blackwell, MXFP4 on CDNA 4); 0 = no FP4 tensor cores."""
+    matmul_fp4_tflops: float = 0.0
+    """Large-GEMM FP4 ceiling (what `predict --fp4` prices the FP4 GEMMs at); 0 = none."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,9 @@ class Node:
     source: str
     nvlink_alpha_us: float = 2.0
     """Latency of one ring step over NVLink (NCCL's intra-node base latency is a few microseconds)."""
+    topology: str = "switch"
+    """"switch" (NVSwitch: every group in the domain gets the full bandwidth) or "mesh" (a direct link to each of
+    the domain-1 peers, AMD Infinity Fabric: a g-member group uses g-1 of them)."""
 
 
 @dataclass(frozen=True)
@@ -187,6 +194,8 @@ def _build(kind: str, key: str, table: dict, where: str, base=None):
         except (TypeError, ValueError) as exc:
             raise CatalogError(f"{where}: [{kind}.{key}] {f.name}={table[f.name]!r}: {exc}") from None
         values[f.name] = value
+    if kind == "nodes" and values.get("topology", "switch") not in ("switch", "mesh"):
+        raise CatalogError(f"{where}: [{kind}.{key}] topology={values['topology']!r}: must be switch or mesh")
     if kind == "fabrics" and values.get("radix", 3) < 3:
         raise CatalogError(f"{where}: [{kind}.{key}] radix={values['radix']}: a switch needs at least 3 ports")
     return cls(key=key.lower(), **values)

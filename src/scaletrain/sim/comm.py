@@ -62,25 +62,43 @@ class Cluster:
         g = max(1, min(n, domain // stride))
         return g, -(-n // g)
 
+    def nvlink_share(self, g: int) -> float:
+        """Fraction of the domain's bus bandwidth a g-member group inside it gets: all of it behind a switch; on a
+        mesh (one direct link per peer) only the g-1 links to the group's own members carry its traffic."""
+        domain = self.node.nvlink_domain
+        if self.node.topology != "mesh" or domain <= 1:
+            return 1.0
+        return min(1.0, (g - 1) / (domain - 1))
+
+    @property
+    def nic_share(self) -> float:
+        """Fraction of one NIC's bandwidth each GPU gets on the fabric (1 with a NIC per GPU, as in every shipped
+        node; less where GPUs share NICs)."""
+        return min(1.0, self.node.nics / self.node.gpus_per_node)
+
     def collective(self, op: str, n: int, size: float, stride: int = 1) -> float:
         """Seconds for `op` ("all_reduce", "reduce_scatter", "all_gather") of a `size`-byte buffer over n ranks.
 
-        Inside one NVLink domain: a ring over NVLink (NVLS for all-reduce where the node has it). Across domains:
-        reduce-scatter inside each domain, the inter-domain step on S/g per GPU with every GPU on its own NIC
-        (rail), then all-gather inside the domain; IB SHARP makes the inter-domain all-reduce move ~1x the bytes.
+        Inside one NVLink domain (8 GPUs of an HGX board, or all 72 of an NVL72 rack, across its trays): a ring over
+        NVLink (NVLS for all-reduce where the node has it), at the share of the bandwidth the group's members reach
+        (`nvlink_share`). Across domains: reduce-scatter inside each domain, the inter-domain step on S/g per GPU
+        with every GPU on its own NIC (rail), then all-gather inside the domain; IB SHARP makes the inter-domain
+        all-reduce move ~1x the bytes.
         """
         if n <= 1 or size <= 0:
             return 0.0
         g, k = self.placement(n, stride)
         nv = self.node
-        nvl_bw = nv.nvls_busbw_gbps if (op == "all_reduce" and nv.nvls_busbw_gbps > 0) else nv.nvlink_busbw_gbps
+        share = self.nvlink_share(g)
+        ring_bw = nv.nvlink_busbw_gbps * share
+        nvl_bw = nv.nvls_busbw_gbps * share if (op == "all_reduce" and nv.nvls_busbw_gbps > 0) else ring_bw
         if k == 1:
             if op == "all_reduce":
                 return ring_all_reduce(g, size, nvl_bw, nv.nvlink_alpha_us)
-            return ring_reduce_scatter(g, size, nv.nvlink_busbw_gbps, nv.nvlink_alpha_us)
-        intra = ring_reduce_scatter(g, size, nv.nvlink_busbw_gbps, nv.nvlink_alpha_us)
+            return ring_reduce_scatter(g, size, ring_bw, nv.nvlink_alpha_us)
+        intra = ring_reduce_scatter(g, size, ring_bw, nv.nvlink_alpha_us)
         nodes_spanned = k * max(1, self.node.nvlink_domain // self.node.gpus_per_node) if g > 1 else k
-        shard, bw, alpha = size / g, self.fabric.busbw_gbps, self.net_alpha_us(nodes_spanned)
+        shard, bw, alpha = size / g, self.fabric.busbw_gbps * self.nic_share, self.net_alpha_us(nodes_spanned)
         if op == "all_reduce":
             if self.fabric.sharp:
                 inter = 2 * alpha * 1e-6 + shard / (bw * GB)
@@ -94,5 +112,6 @@ class Cluster:
         if size <= 0:
             return 0.0
         if same_domain:
-            return self.node.nvlink_alpha_us * 1e-6 + size / (self.gpu.nvlink_gbps * GB)
-        return self.net_alpha_us() * 1e-6 + size / (self.fabric.busbw_gbps * GB)
+            # On a mesh a neighbour is one direct link away: 1/(domain-1) of the GPU's fabric bandwidth.
+            return self.node.nvlink_alpha_us * 1e-6 + size / (self.gpu.nvlink_gbps * self.nvlink_share(2) * GB)
+        return self.net_alpha_us() * 1e-6 + size / (self.fabric.busbw_gbps * self.nic_share * GB)

@@ -38,10 +38,11 @@ def _layout(args) -> ClusterLayout:
         gbs=gbs,
         sp=not args.no_sp,
         recompute=args.recompute,
-        fp8=args.fp8,
+        fp8=args.fp8 or args.fp4,
+        fp4=args.fp4,
         zero=args.zero,
         schedule=args.schedule,
-        bf16_grads=args.grad_dtype == "bf16" or (args.grad_dtype == "auto" and args.fp8),
+        bf16_grads=args.grad_dtype == "bf16" or (args.grad_dtype == "auto" and (args.fp8 or args.fp4)),
     )
 
 
@@ -56,7 +57,7 @@ def print_prediction(p: Prediction, out=sys.stdout) -> None:
     print(
         f"  layout TP{lay['tp']} PP{lay['pp']} VP{lay['vp']} CP{lay['cp']} DP{lay['dp']} mbs{lay['mbs']} "
         f"GBS{lay['gbs']} ({lay['microbatches']} micro-batches, {lay['schedule']}), "
-        f"{'fp8' if lay['fp8'] else 'bf16'}, recompute {lay['recompute']}, zero {lay['zero']}",
+        f"{'fp4' if lay.get('fp4') else 'fp8' if lay['fp8'] else 'bf16'}, recompute {lay['recompute']}, zero {lay['zero']}",
         file=out,
     )
     if not p.feasible:
@@ -120,6 +121,7 @@ def cmd_plan(args) -> int:
         top=args.top,
         gbs=args.gbs,
         catalog=load_catalog(args.catalog),
+        fp4=args.fp4,
     )
     if args.json:
         print(json.dumps([p.to_dict() for p in res.best], indent=2))
@@ -328,13 +330,22 @@ def add_parsers(sub) -> None:
             + ", any preset",
         )
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a model field")
-        p.add_argument("--gpu", default="h100", help="a100, h100, h200, b200, gb200, gb300 or a catalog key")
+        p.add_argument(
+            "--gpu",
+            default="h100",
+            help="a100, h100, h200, b200, b300, gb200, gb300, mi300x, mi325x, mi350x, mi355x or a catalog key",
+        )
         p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
-        p.add_argument("--node", help="node type (hgx-h100, nd-h100-v5, nd-h200-v5, gb200-nvl72, ...)")
-        p.add_argument("--fabric", help="scale-out fabric (ib-ndr, ib-ndr-sharp, ib-xdr, ib-hdr, roce)")
+        p.add_argument("--node", help="node type (hgx-h100, nd-h200-v5, gb200-nvl72, hgx-b300, mi355x-oam, ...)")
+        p.add_argument("--fabric", help="scale-out fabric (ib-ndr, ib-ndr-sharp, ib-xdr, ib-hdr, roce, roce-800)")
         p.add_argument("--calibration", help="fitted efficiency set: v3.0, v3.1, v4.0, v4.1 (default newest), measured")
         p.add_argument("--catalog", action="append", default=[], metavar="TOML", help="extra hardware catalog file")
         p.add_argument("--gbs", type=int, default=0, help="global batch size (sequences)")
+        p.add_argument(
+            "--fp4",
+            action="store_true",
+            help="FP4 GEMMs (NVFP4/MXFP4) where FP8 would apply, on the FP8 recipe (implies --fp8 for predict)",
+        )
         p.add_argument("--json", action="store_true", help="print JSON")
         if layout:
             for name, default in (("tp", 1), ("pp", 1), ("vp", 1), ("cp", 1), ("mbs", 1)):

@@ -5,6 +5,11 @@ A GEMM of F FLOPs takes F / (ceiling * eff) + kernel_us, where `ceiling` is the 
 GPU in that precision and `eff` the software-release efficiency the calibration fits (how close a framework
 release gets to the kernel ceiling inside a training step). With a measured curve in the catalog the curve's rate
 at that size replaces the roll-off.
+
+FP4 (`layout.fp4`, NVFP4 on Blackwell, MXFP4 on CDNA 4) prices the GEMMs FP8 would cover (the transformer layers'
+base projections, forward and both backward GEMMs) at the FP4 ceiling; attention, the output layer, the embedding
+and LoRA adapters stay bf16, and casts, gradients and memory are as with FP8 (quantizing to FP4 reads the bf16
+input and writes a smaller copy plus block scales: no more traffic than the FP8 cast priced here).
 """
 
 from __future__ import annotations
@@ -38,8 +43,11 @@ class LayerTimes:
     """The GEMM part of fwd (what TP communication can overlap with)."""
 
 
-def gemm_time(gpu: GPU, flops: float, fp8: bool, eff: float) -> float:
-    """Seconds for one GEMM of `flops` FLOPs."""
+def gemm_time(gpu: GPU, flops: float, fp8: bool, eff: float, fp4: bool = False) -> float:
+    """Seconds for one GEMM of `flops` FLOPs (fp4: at the FP4 ceiling, for a GEMM that would otherwise run in FP8)."""
+    if fp4 and fp8 and gpu.matmul_fp4_tflops > 0:
+        # No measured FP4 curve exists yet: the kernel_us roll-off at the FP4 ceiling.
+        return flops / (gpu.matmul_fp4_tflops * TB * eff) + gpu.kernel_us * 1e-6
     curve = gpu.gemm_curve_fp8 if fp8 else gpu.gemm_curve_bf16
     if curve:
         rate = _interp_curve(curve, flops / 1e9) * TB
@@ -70,7 +78,7 @@ def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float) -
     tokens = b * s // cp
     gemm_f = gemm_b = 0.0
     for g, (m, n, k) in zip(w.inventory.layer, layer_gemms(w, layout)):
-        one = gemm_time(gpu, 2.0 * m * n * k, layout.fp8 and g.fp8, gemm_eff)
+        one = gemm_time(gpu, 2.0 * m * n * k, layout.fp8 and g.fp8, gemm_eff, fp4=layout.fp4)
         gemm_f += one
         # Backward: data gradient always; weight gradient only for trained weights (LoRA freezes the base).
         gemm_b += one * (2 if g.trainable else 1)

@@ -63,9 +63,20 @@ GENERATION = {
     "h100": "hopper",
     "h200": "hopper",
     "b200": "blackwell",
+    "b300": "blackwell",
     "gb200": "blackwell",
     "gb300": "blackwell",
+    "mi300x": "cdna3",
+    "mi325x": "cdna3",
+    "mi350x": "cdna4",
+    "mi355x": "cdna4",
 }
+
+DEFAULT_GEMM_EFF = Efficiency().gemm_eff
+"""gemm_eff of a generation no release has a fitted set for (Ampere, CDNA 3, CDNA 4 in the shipped file): the
+model's prior for a mature kernel library. The kernels' own distance from the datasheet peak is already in the
+catalog's matmul ceilings (measured, or for AMD the peak x H100's measured ceiling/peak), so this only covers how
+much of that ceiling a training step keeps."""
 
 
 def releases() -> list[str]:
@@ -74,11 +85,22 @@ def releases() -> list[str]:
     return sorted({k.split("/")[0] for k in sets}, key=_release_key)
 
 
+def generation(gpu: str) -> str:
+    """The architecture generation of catalog GPU `gpu` ("hopper" for a key this table does not know)."""
+    return GENERATION.get(gpu, "hopper")
+
+
 def efficiency_for(release: str | None, gpu: str) -> tuple[str, Efficiency]:
     """(set name, Efficiency) for a release ("v3.0" ... "v4.1"; None/"latest" = newest) on `gpu`.
 
-    Uses the set fitted on the GPU's own generation in that release, else the nearest generation fitted in it
-    (Hopper for Ampere, Blackwell falls back to Hopper): the software release is the larger effect.
+    The lookup, most specific first:
+    1. the set fitted on the GPU's generation in that release ("v4.1/hopper");
+    2. the generation's set from the nearest release that has one (the newest older one, else the oldest newer
+       one): a generation's kernels matter more than the release ("v4.1/blackwell for v4.0");
+    3. a generation no release was fitted on (Ampere, CDNA 3, CDNA 4 in the shipped file) gets the documented
+       default "<release>/<generation> (default)": the release's fitted scalars, which the calibration shares
+       across generations (TP exposure, DP overlap and slowdown, per-step overhead, evaluation efficiency: taken
+       from the release's Hopper set, else its first), with gemm_eff = DEFAULT_GEMM_EFF.
     """
     sets = load_efficiencies()["sets"]
     if not sets:
@@ -92,12 +114,17 @@ def efficiency_for(release: str | None, gpu: str) -> tuple[str, Efficiency]:
         release = release.lstrip("v")
     if release not in known:
         raise ValueError(f"--calibration {release}: no fitted set; known: {', '.join(known)}")
-    gen = GENERATION.get(gpu, "hopper")
-    for candidate in (gen, "hopper", "blackwell", "ampere"):
-        key = f"{release}/{candidate}"
-        if key in sets:
-            return key, Efficiency.from_dict(sets[key])
-    raise ValueError(f"--calibration {release}: no set for {gpu}")  # pragma: no cover
+    gen = generation(gpu)
+    key = f"{release}/{gen}"
+    if key in sets:
+        return key, Efficiency.from_dict(sets[key])
+    fitted = [r for r in known if f"{r}/{gen}" in sets]
+    if fitted:
+        older = [r for r in fitted if _release_key(r) <= _release_key(release)]
+        near = older[-1] if older else fitted[0]
+        return f"{near}/{gen} (for {release})", Efficiency.from_dict(sets[f"{near}/{gen}"])
+    base = sets.get(f"{release}/hopper") or next(v for k, v in sorted(sets.items()) if k.split("/")[0] == release)
+    return f"{key} (default)", Efficiency.from_dict({**base, "gemm_eff": DEFAULT_GEMM_EFF})
 
 
 def _release_key(name: str) -> tuple:

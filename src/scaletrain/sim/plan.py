@@ -161,13 +161,14 @@ def plan(
     fp8: bool | None = None,
     objective: str = "auto",
     catalog=None,
+    fp4: bool = False,
 ) -> PlanResult:
     """The `top` best layouts of `w` on `gpus` GPUs of kind `gpu` (node and fabric as in `predict`).
 
     `objective`: "ttt" (MLPerf time-to-train; the "auto" choice for benchmark workloads), "throughput" (tokens/s
     per GPU; "auto" otherwise). `gbs` fixes the global batch; otherwise benchmark workloads search batches inside
     the RCP table's range and others use DEFAULT_GBS. `fp8` fixes the precision; otherwise both are tried where the
-    GPU has FP8. ValueError for an impossible request (ttt on a non-benchmark, FP8 on a GPU without it, ...).
+    GPU has FP8. `fp4` searches only FP4 layouts (FP4 GEMMs on the FP8 recipe). ValueError for an impossible request (ttt on a non-benchmark, FP8 on a GPU without it, ...).
     """
     start = time.perf_counter()
     if gpus < 1 or top < 1:
@@ -185,6 +186,10 @@ def plan(
     if fp8 and g.fp8_tflops <= 0:
         raise ValueError(f"{g.key} has no FP8 tensor cores")
     precisions = (fp8,) if fp8 is not None else ((True, False) if g.fp8_tflops > 0 else (False,))
+    if fp4:
+        if g.fp4_tflops <= 0:
+            raise ValueError(f"{g.key} has no FP4 tensor cores")
+        precisions = (True,)
     lo = hi = 0  # the RCP table's batch range (benchmarks only)
     if bench:
         sizes = sorted(mlperf.rcp_records(bench))
@@ -218,7 +223,7 @@ def plan(
                     searched += 1
                     # FP8 runs follow NVIDIA's MLPerf recipes, which reduce gradients in bf16 (as `calibrate` does).
                     lay = ClusterLayout(
-                        gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, mbs=mbs, gbs=b, fp8=prec, bf16_grads=prec
+                        gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, mbs=mbs, gbs=b, fp8=prec, bf16_grads=prec, fp4=fp4
                     )
                     problems = lay.problems(w)
                     if problems:

@@ -118,6 +118,8 @@ def predict(
     reasons = layout.problems(w)
     if layout.fp8 and g.fp8_tflops <= 0:
         reasons.append(f"{g.key} has no FP8 tensor cores")
+    if layout.fp4 and g.fp4_tflops <= 0:
+        reasons.append(f"{g.key} has no FP4 tensor cores")
     base: dict[str, Any] = dict(
         model=w.name,
         gpu=g.key,
@@ -193,6 +195,8 @@ def _layout_dict(layout: ClusterLayout) -> dict:
     d = asdict(layout)
     if not d["shard_group"]:
         del d["shard_group"]  # the default (ZeRO over all of dp·cp); only HSDP layouts from a trainer config set it
+    if not d["fp4"]:
+        del d["fp4"]  # only FP4 layouts carry the key, so other predictions print what they always did
     d["dp"] = layout.dp
     d["microbatches"] = layout.microbatches if layout.dp > 0 and layout.mbs > 0 else 0
     d["schedule"] = layout.pipeline_schedule

@@ -157,6 +157,9 @@ class ClusterLayout:
     """Activation recomputation: "none", "selective" or "full"."""
     fp8: bool = False
     """FP8 GEMMs (Transformer Engine style) for every transformer-layer matmul; the output layer stays bf16."""
+    fp4: bool = False
+    """FP4 (NVFP4 / MXFP4) GEMMs where FP8 would apply (needs fp8: the rest follows the FP8 recipe: attention, output
+    layer, embedding and adapters stay bf16, casts, gradients and memory as with FP8)."""
     zero: int = 1
     """Optimizer sharding over DP: 0 none, 1 distributed optimizer (ZeRO-1/2), 3 fully sharded (ZeRO-3/FSDP)."""
     bf16_grads: bool = False
@@ -220,6 +223,8 @@ class ClusterLayout:
             out.append(
                 f"interleaved schedule needs micro-batches ({self.microbatches}) to be a multiple of pp={self.pp}"
             )
+        if self.fp4 and not self.fp8:
+            out.append("fp4 needs fp8 (FP4 GEMMs replace the FP8 ones; the rest follows the FP8 recipe)")
         if self.recompute not in ("none", "selective", "full"):
             out.append(f"recompute={self.recompute!r} must be none, selective or full")
         if self.zero not in (0, 1, 3):
@@ -234,7 +239,7 @@ class ClusterLayout:
         """Short text form, e.g. "TP4 PP8 VP12 CP1 DP336 mbs1 GBS2688 fp8"."""
         text = (
             f"TP{self.tp} PP{self.pp} VP{self.vp} CP{self.cp} DP{self.dp} mbs{self.mbs} GBS{self.gbs}"
-            f"{' fp8' if self.fp8 else ''}{'' if self.recompute == 'none' else ' ' + self.recompute}"
+            f"{' fp4' if self.fp4 else ' fp8' if self.fp8 else ''}{'' if self.recompute == 'none' else ' ' + self.recompute}"
         )
         return text
 
