@@ -291,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gpu",
         default="h100",
-        help="device whose memory --dry-run checks against (default h100; a100, h100, h200, b200, gb200, gb300)",
+        help="device whose memory --dry-run checks against (default h100; a catalog GPU: a100, h100, h200, b200, b300, "
+        "gb200, gb300, mi300x, mi325x, mi350x, mi355x)",
     )
     p.add_argument("--json", action="store_true", help="--dry-run: print the report as JSON")
     p.set_defaults(func=cmd_train)
