@@ -1,9 +1,11 @@
 """Start weights from elsewhere: the frozen base of a LoRA run (or any run's initial weights).
 
 `checkpoint.init_from` names a scaletrain checkpoint (a step directory, a checkpoints/ folder or a run directory:
-its newest complete checkpoint) or a Hugging Face directory (config.json + model.safetensors, GPT-2 or Llama).
-Every rank reads the full state on the CPU and keeps its own shards (`set_model_state_dict` with a full state
-dict), so any layout can start from any saved one. Loading happens in the untimed init, as MLPerf's
+its newest complete checkpoint) or a Hugging Face directory (config.json + model.safetensors, a sharded
+model.safetensors.index.json or a tensors-only pytorch_model.bin; GPT-2 or Llama). In a distributed run a
+safetensors directory is read sharded: each rank reads only the slices its own shards hold (hf/sharded.py).
+Otherwise every rank reads the full state on the CPU and keeps its own shards (`set_model_state_dict` with a full
+state dict), so any layout can start from any saved one. Loading happens in the untimed init, as MLPerf's
 llama2_70b_lora loads its base model there.
 """
 
@@ -50,7 +52,7 @@ def read_base_state(path: str | Path, _chain: tuple = ()) -> tuple[ModelConfig, 
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"checkpoint.init_from={path}: no such file or directory")
-    if (p / "config.json").is_file() and (p / "model.safetensors").is_file():
+    if _is_hf_dir(p):
         return _read_hf(p)
     ckpt = _newest_checkpoint(p)
     if ckpt is None:
@@ -99,6 +101,44 @@ def load_full_model(path: Path, verify_mode: str = "sha256", _chain: tuple = ())
     return cfg, model
 
 
+def _is_hf_dir(p: Path, safetensors_only: bool = False) -> bool:
+    weights = ["model.safetensors", "model.safetensors.index.json"] + (
+        [] if safetensors_only else ["pytorch_model.bin"]
+    )
+    return (p / "config.json").is_file() and any((p / name).is_file() for name in weights)
+
+
+def _one_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def load_init_weights(parts: list[torch.nn.Module], want: ModelConfig, where: str) -> None:
+    """Load `checkpoint.init_from` into this rank's model parts (built from `want`): a Hugging Face safetensors
+    directory in a distributed run is read sharded (each rank only its slices), anything else in full.
+
+    One-line CheckpointError naming the path (and the file) for anything missing, malformed or mismatched.
+    """
+    import torch.distributed as dist
+
+    p = Path(where)
+    if dist.is_initialized() and dist.get_world_size() > 1 and _is_hf_dir(p, safetensors_only=True):
+        from safetensors import SafetensorError
+
+        from scaletrain.checkpoint.hf.sharded import hf_model_config, load_hf_sharded
+
+        try:
+            _, have = hf_model_config(p)
+            check_compatible(want, have, where)
+            load_hf_sharded(parts, p)
+        except (ValueError, TypeError, KeyError, OSError, SafetensorError) as exc:
+            raise CheckpointError(f"checkpoint.init_from={p}: {_one_line(exc)}") from None
+        return
+    saved, state = read_base_state(where)
+    check_compatible(want, saved, where)
+    with torch.no_grad():
+        load_base_weights(parts, state)
+
+
 def _read_hf(p: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     from safetensors import SafetensorError
 
@@ -110,8 +150,7 @@ def _read_hf(p: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
 
         return importer(hf.get("model_type", ""))(p)
     except (ValueError, TypeError, KeyError, SafetensorError) as exc:  # a file that is not what it claims to be
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"checkpoint.init_from={p}: {text}") from None
+        raise CheckpointError(f"checkpoint.init_from={p}: {_one_line(exc)}") from None
 
 
 def check_compatible(want: ModelConfig, have: ModelConfig, where: str) -> None:
