@@ -200,3 +200,54 @@ def test_each_rank_reads_and_writes_its_quarter(layout, hf_dirs, tmp_path):
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / f"llama_{layout}")
     ref = st.load_file(hf_dirs["llama"] / "model.safetensors")
     assert all(torch.equal(v, ref[k]) for k, v in hf.state_dict().items())
+
+
+def test_export_under_torchrun_equals_single_process_export(excerpt_corpus, tmp_path):
+    """`scaletrain export` under torchrun (2 ranks) writes the tensors the one-process export writes; a target
+    that is not an HF export is one error line from the ranks, and the run fails."""
+    import os
+    import subprocess
+    import sys
+
+    import safetensors.torch as st
+
+    from scaletrain.checkpoint.hf import import_llama_hf
+    from scaletrain.cli import main
+    from scaletrain.config import resolve
+    from scaletrain.train.engine import Trainer
+    data = [f"data.train_prefix={excerpt_corpus.train_prefix}", f"data.valid_prefix={excerpt_corpus.valid_prefix}",
+            f"data.tokenizer={excerpt_corpus.tokenizer}", "model.vocab_size=1024", "train.progress=false"]
+    cfg = resolve("llama-proxy", overrides=[*LLAMA[1:], *data, "train.global_batch_size=4",
+                                            "train.micro_batch_size=2", f"train.run_dir={tmp_path / 'run'}"])
+    trainer = Trainer(cfg, cfg.train.run_dir)
+    trainer.init()
+    trainer.train_step()
+    trainer.save_checkpoint({})
+    trainer.finish({})
+    assert main(["export", str(tmp_path / "run"), "--hf", str(tmp_path / "one")]) == 0
+
+    def torchrun(out):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "scaletrain", "export", str(tmp_path / "run"), "--hf", str(out)]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    proc = torchrun(tmp_path / "two")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("-> ") == 1 and "LlamaForCausalLM.from_pretrained" in proc.stdout  # rank 0 reports
+    files = sorted(p.name for p in (tmp_path / "two").iterdir())
+    assert files == ["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                     "model.safetensors.index.json"]
+    one = st.load_file(tmp_path / "one" / "model.safetensors")
+    two = {n: t for f in (tmp_path / "two").glob("*.safetensors") for n, t in st.load_file(f).items()}
+    assert one.keys() == two.keys() and all(torch.equal(one[n], two[n]) for n in one)
+    assert (tmp_path / "one" / "config.json").read_text() == (tmp_path / "two" / "config.json").read_text()
+    cfg_one, sd_one = import_llama_hf(tmp_path / "one")
+    cfg_two, sd_two = import_llama_hf(tmp_path / "two")
+    assert cfg_one == cfg_two and all(torch.equal(sd_one[k], sd_two[k]) for k in sd_one)
+
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    proc = torchrun(tmp_path / "taken")
+    assert proc.returncode != 0
+    assert "scaletrain: error: export_hf: " in proc.stderr and "is not an HF export; refusing to replace it" in proc.stderr
+    assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"

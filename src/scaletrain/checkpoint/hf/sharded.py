@@ -166,7 +166,7 @@ def scan_dir(path: Path) -> tuple[Path, dict[str, TensorInfo]]:
         except (SafetensorError, OSError) as exc:
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValueError(f"{file}: {text}") from None
-        lost = sorted(n for n in listed if tensors.get(n, TensorInfo(file, (), "")).file != file)
+        lost = sorted(n for n in listed if n not in tensors or tensors[n].file != file)
         if lost:
             raise ValueError(f"{file}: missing tensor {lost[0]!r} (listed in {source.name})")
     return source, tensors
@@ -211,6 +211,16 @@ def _resolve(adapter: str, cfg: ModelConfig, source: Path, tensors: dict[str, Te
     if extra:
         raise ValueError(f"{source}: unexpected tensors {extra[:5]}")
     return maps
+
+
+def model_tensors(part: torch.nn.Module):
+    """(plain model name, tensor) of a part's state dict, adapters left out; the names without what activation
+    checkpointing and compile wrappers add, the tensors the part's own (in-place writes reach the parameters)."""
+    from scaletrain.model.lora import is_lora_param
+
+    for key, value in part.state_dict().items():
+        if not is_lora_param(key):
+            yield key.replace("._checkpoint_wrapped_module", "").replace("._orig_mod", ""), value
 
 
 def local_block(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], bool]:
@@ -285,9 +295,7 @@ def load_hf_sharded(parts: list[torch.nn.Module], path) -> tuple[ModelConfig, in
             return {name: handles[tensors[name].file] for name in m.names}
 
         for part in parts:
-            for key, value in part.state_dict().items():
-                if "lora_" in key:
-                    continue
+            for key, value in model_tensors(part):
                 if key not in maps:
                     raise ValueError(f"{source}: the model has {key!r}, which no {adapter} tensor maps to")
                 local, offset, _ = local_block(value)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from scaletrain.checkpoint.hf.common import fsync_path, new_tmp_dir, swap_in
-from scaletrain.checkpoint.hf.sharded import RowMap, hf_shapes, local_block, row_maps, runs
+from scaletrain.checkpoint.hf.sharded import RowMap, hf_shapes, local_block, model_tensors, row_maps, runs
 from scaletrain.config import ModelConfig
 
 _DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
@@ -155,8 +155,8 @@ def export_hf_sharded(parts: list[torch.nn.Module], cfg: ModelConfig, out_dir, d
     try:
         where = {n: (fds[f], len(headers[f][0]) + headers[f][1][n][0]) for f, ns in files.items() for n in ns}
         for part in parts:
-            for key, value in part.state_dict().items():
-                if "lora_" in key or (adapter == "gpt2" and key == "head.weight"):
+            for key, value in model_tensors(part):
+                if adapter == "gpt2" and key == "head.weight":
                     continue
                 if key not in maps:
                     raise ValueError(f"export_hf: the model has {key!r}, which no {adapter} tensor holds")
