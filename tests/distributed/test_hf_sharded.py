@@ -1,6 +1,7 @@
 """Sharded Hugging Face I/O on 4 gloo ranks: each rank reads (and writes) only its own slices.
 
-`checkpoint.init_from` of an HF directory under FSDP4 and TP2 x FSDP2 (Llama single-file and index-sharded, GPT-2):
+`checkpoint.init_from` of an HF directory under FSDP4 and TP2 x FSDP2 with activation checkpointing (Llama
+single-file and index-sharded, GPT-2):
 the bytes each rank reads through safetensors are counted; every byte is read exactly once (or once per replica
 of the tensors the layout replicates), no rank reads more than its shards, and the loaded model equals the
 single-process import bitwise. The sharded export of that model equals the single-process export tensor by
@@ -23,7 +24,9 @@ LLAMA = ["model.vocab_size=250", "model.n_layers=2", "model.d_model=64", "model.
          "model.d_ff=96", "model.seq_len=32"]
 GPT = ["model.vocab_size=250", "model.n_layers=2", "model.d_model=64", "model.n_heads=4", "model.seq_len=32"]
 MODELS = {"llama": ("llama-proxy", LLAMA), "llama_index": ("llama-proxy", LLAMA), "gpt2": ("gpt3-proxy", GPT)}
-LAYOUTS = {"fsdp4": ["parallel.dp_shard=4"], "tp2_fsdp2": ["parallel.dp_shard=2", "parallel.tp=2"]}
+# Activation checkpointing wraps the blocks: the state-dict names change, the loader must see through it.
+LAYOUTS = {"fsdp4": ["parallel.dp_shard=4"],
+           "tp2_fsdp2": ["parallel.dp_shard=2", "parallel.tp=2", "parallel.activation_checkpoint=full"]}
 
 
 def _cfg(model, layout):
@@ -89,6 +92,7 @@ def load_and_export(rank, world_size, dirs, layout, out_root):
     from torch.distributed.tensor import DTensor
 
     from scaletrain.checkpoint.hf import importer
+    from scaletrain.checkpoint.hf.sharded import model_tensors
     from scaletrain.checkpoint.hf.sharded_export import export_hf_sharded
     from scaletrain.checkpoint.init_from import load_init_weights
 
@@ -103,7 +107,7 @@ def load_and_export(rank, world_size, dirs, layout, out_root):
         finally:
             safetensors.safe_open = real_open
         _, ref = importer(json.load(open(f"{path}/config.json"))["model_type"])(path)
-        differ = [k for k, v in parts[0].state_dict().items()
+        differ = [k for k, v in model_tensors(parts[0])
                   if not torch.equal(v.full_tensor() if isinstance(v, DTensor) else v, ref[k])]
         # Bytes (fp32 files) of the tensors the layout replicates along a mesh dimension (TP: norms, some biases).
         params = {id(v): v for v in parts[0].parameters()}.values()

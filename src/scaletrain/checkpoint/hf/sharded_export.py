@@ -123,6 +123,10 @@ def export_hf_sharded(parts: list[torch.nn.Module], cfg: ModelConfig, out_dir, d
         for m in maps.values():
             m.names = [f"transformer.{n}" for n in m.names]
     shapes = hf_shapes(maps, {**_our_shapes(adapter, cfg), "head.weight": (cfg.padded_vocab, cfg.d_model)})
+    from scaletrain.model.lora import is_lora_param
+
+    if any(is_lora_param(k) for part in parts for k in part.state_dict()):
+        raise ValueError("export_hf: the model has LoRA adapters; the Hugging Face format needs them merged")
     distributed = dist.is_initialized() and dist.get_world_size() > 1
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     files = plan_files(shapes, torch.empty((), dtype=dtype).element_size(), world)
