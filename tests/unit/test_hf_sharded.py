@@ -96,3 +96,17 @@ def test_bad_directory_is_one_line_naming_the_file(damage, tmp_path, monkeypatch
         load_init_weights([build_model(LLAMA)], LLAMA, str(d))
     assert str(err.value).startswith(f"checkpoint.init_from={d}: ") and expected in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_gpt2_lm_head_must_equal_wte(tmp_path):
+    out = _export(GPT, tmp_path / "hf")
+    tensors = st.load_file(out / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["transformer.wte.weight"].clone()
+    st.save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    model = build_model(GPT)
+    load_hf_sharded([model], out)
+    assert torch.equal(model.state_dict()["embed.tok.weight"], tensors["transformer.wte.weight"])
+    tensors["lm_head.weight"][3, 5] += 1
+    st.save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"model\.safetensors: lm_head\.weight differs from wte\.weight"):
+        load_hf_sharded([build_model(GPT)], out)
