@@ -56,17 +56,28 @@ def cmd_export(args) -> int:
     elif not (path / "manifest.json").exists() and complete_checkpoints(path):
         path = complete_checkpoints(path)[-1]
     from scaletrain.checkpoint.store import CheckpointError
+    from scaletrain.train.distributed import init_distributed, launched_world_size
 
-    cfg, model = load_full_model(path)
-    if cfg.lora.rank > 0:
-        # The HF format has no adapters: a LoRA checkpoint is always exported merged (W + (alpha/r)·B·A).
-        from scaletrain.model.lora import merge_lora
+    if launched_world_size() > 1:  # under torchrun: each rank reads and writes only its own shards
+        import torch
 
-        merge_lora(model)
-    try:
-        out = export_hf(model.state_dict(), cfg.model, args.hf)
-    except (ValueError, FileExistsError) as exc:
-        raise CheckpointError(str(exc)) from None
+        from scaletrain.checkpoint.init_from import export_sharded
+
+        rank, _ = init_distributed(torch.device("cpu"))
+        cfg, out = export_sharded(path, Path(args.hf))
+        if rank:
+            return 0
+    else:
+        cfg, model = load_full_model(path)
+        if cfg.lora.rank > 0:
+            # The HF format has no adapters: a LoRA checkpoint is always exported merged (W + (alpha/r)·B·A).
+            from scaletrain.model.lora import merge_lora
+
+            merge_lora(model)
+        try:
+            out = export_hf(model.state_dict(), cfg.model, args.hf)
+        except (ValueError, FileExistsError) as exc:
+            raise CheckpointError(str(exc)) from None
     from scaletrain.model.spec import model_spec
 
     hf_class = model_spec(cfg.model.arch).hf_class

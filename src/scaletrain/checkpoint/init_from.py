@@ -1,9 +1,11 @@
 """Start weights from elsewhere: the frozen base of a LoRA run (or any run's initial weights).
 
 `checkpoint.init_from` names a scaletrain checkpoint (a step directory, a checkpoints/ folder or a run directory:
-its newest complete checkpoint) or a Hugging Face directory (config.json + model.safetensors, GPT-2 or Llama).
-Every rank reads the full state on the CPU and keeps its own shards (`set_model_state_dict` with a full state
-dict), so any layout can start from any saved one. Loading happens in the untimed init, as MLPerf's
+its newest complete checkpoint) or a Hugging Face directory (config.json + model.safetensors, a sharded
+model.safetensors.index.json or a tensors-only pytorch_model.bin; GPT-2 or Llama). In a distributed run a
+safetensors directory is read sharded: each rank reads only the slices its own shards hold (hf/sharded.py).
+Otherwise every rank reads the full state on the CPU and keeps its own shards (`set_model_state_dict` with a full
+state dict), so any layout can start from any saved one. Loading happens in the untimed init, as MLPerf's
 llama2_70b_lora loads its base model there.
 """
 
@@ -50,7 +52,7 @@ def read_base_state(path: str | Path, _chain: tuple = ()) -> tuple[ModelConfig, 
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"checkpoint.init_from={path}: no such file or directory")
-    if (p / "config.json").is_file() and (p / "model.safetensors").is_file():
+    if _is_hf_dir(p):
         return _read_hf(p)
     ckpt = _newest_checkpoint(p)
     if ckpt is None:
@@ -99,6 +101,44 @@ def load_full_model(path: Path, verify_mode: str = "sha256", _chain: tuple = ())
     return cfg, model
 
 
+def _is_hf_dir(p: Path, safetensors_only: bool = False) -> bool:
+    weights = ["model.safetensors", "model.safetensors.index.json"] + (
+        [] if safetensors_only else ["pytorch_model.bin"]
+    )
+    return (p / "config.json").is_file() and any((p / name).is_file() for name in weights)
+
+
+def _one_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def load_init_weights(parts: list[torch.nn.Module], want: ModelConfig, where: str) -> None:
+    """Load `checkpoint.init_from` into this rank's model parts (built from `want`): a Hugging Face safetensors
+    directory in a distributed run is read sharded (each rank only its slices), anything else in full.
+
+    One-line CheckpointError naming the path (and the file) for anything missing, malformed or mismatched.
+    """
+    import torch.distributed as dist
+
+    p = Path(where)
+    if dist.is_initialized() and dist.get_world_size() > 1 and _is_hf_dir(p, safetensors_only=True):
+        from safetensors import SafetensorError
+
+        from scaletrain.checkpoint.hf.sharded import hf_model_config, load_hf_sharded
+
+        try:
+            _, have = hf_model_config(p)
+            check_compatible(want, have, where)
+            load_hf_sharded(parts, p)
+        except (ValueError, TypeError, KeyError, OSError, SafetensorError) as exc:
+            raise CheckpointError(f"checkpoint.init_from={p}: {_one_line(exc)}") from None
+        return
+    saved, state = read_base_state(where)
+    check_compatible(want, saved, where)
+    with torch.no_grad():
+        load_base_weights(parts, state)
+
+
 def _read_hf(p: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     from safetensors import SafetensorError
 
@@ -110,8 +150,7 @@ def _read_hf(p: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
 
         return importer(hf.get("model_type", ""))(p)
     except (ValueError, TypeError, KeyError, SafetensorError) as exc:  # a file that is not what it claims to be
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"checkpoint.init_from={p}: {text}") from None
+        raise CheckpointError(f"checkpoint.init_from={p}: {_one_line(exc)}") from None
 
 
 def check_compatible(want: ModelConfig, have: ModelConfig, where: str) -> None:
@@ -142,3 +181,83 @@ def load_base_weights(parts: list[torch.nn.Module], state: dict[str, torch.Tenso
         tie_weights = getattr(part, "tie_weights", None)
         if tie_weights is not None:
             tie_weights()
+
+
+def _verify_spread(path: Path, verify_mode: str) -> None:
+    """store.verify on every rank, but each file's sha256 hashed by one rank (round robin): no rank reads all."""
+    import torch.distributed as dist
+
+    manifest = store.verify(path, "size")
+    problem = ""
+    if verify_mode == "sha256":
+        rank, world = dist.get_rank(), dist.get_world_size()
+        for i, (name, meta) in enumerate(sorted(manifest["files"].items())):
+            if i % world == rank and store.sha256(path / name) != meta["sha256"]:
+                problem = problem or f"{path / name}: sha256 differs from the manifest (corrupt)"
+    found: list = [None] * dist.get_world_size()
+    dist.all_gather_object(found, problem)
+    first = next((p for p in found if p), "")
+    if first:
+        raise CheckpointError(first)
+
+
+def load_sharded_model(path: Path, verify_mode: str = "sha256") -> tuple[Config, list[torch.nn.Module]]:
+    """(Config, this rank's FSDP shards of the checkpoint's model, sharded over every rank) in a distributed run.
+
+    Each rank reads only its slices (DCP reshards whatever layout saved it) and no rank builds the full model:
+    what `scaletrain export` under torchrun hands to the sharded Hugging Face export. Every rank calls it. An
+    adapter-only (LoRA) checkpoint is refused: merging it needs its base, so export it from one process.
+    """
+    import copy
+
+    import torch.distributed as dist
+
+    from scaletrain.checkpoint import safe_load
+    from scaletrain.parallel.layout import Layout
+    from scaletrain.parallel.parallelize import parallelize
+
+    path = Path(path)
+    _verify_spread(path, verify_mode)
+    info = safe_load.read_trainer(path)
+    try:
+        saved = from_dict(info["config"])
+    except ConfigError as exc:
+        raise CheckpointError(f"{path / store.TRAINER}: {exc}") from None
+    if saved.lora.rank > 0:
+        raise CheckpointError(
+            f"{path}: a LoRA checkpoint is exported merged with its base from one process (no torchrun)"
+        )
+    world = dist.get_world_size()
+    # The export's own layout: plain FSDP over every rank, fp32 shards, nothing the forward pass needs.
+    cfg = copy.deepcopy(saved)
+    cfg.parallel.dp_replicate, cfg.parallel.dp_shard, cfg.parallel.tp, cfg.parallel.pp = 1, world, 1, 1
+    cfg.parallel.pp_virtual, cfg.parallel.cp, cfg.parallel.activation_checkpoint = 1, 1, "none"
+    cfg.train.fp8, cfg.train.compile, cfg.train.dtype = False, False, "fp32"
+    cfg.train.micro_batch_size, cfg.train.global_batch_size = 1, world
+    layout = Layout.from_config(cfg, world)
+    pm, _ = parallelize(cfg, layout, layout.build_mesh("cpu"), torch.device("cpu"), int(info.get("seed", 0)))
+    metadata = safe_load.read_metadata(path)
+    flat = {f"model.{k}": v for part in pm.parts for k, v in part.state_dict().items()}
+    check_shapes(path, flat, metadata, gather=False)
+    load_state(flat, path, metadata)
+    for part in pm.parts:
+        cast("Decoder", part).tie_weights()
+    return saved, pm.parts
+
+
+def export_sharded(path: Path, out_dir: Path) -> tuple[Config, Path]:
+    """Export checkpoint `path` as a Hugging Face directory from every rank of a distributed run, no rank holding
+    more than its shards; destroys the process group when done. Returns (the checkpoint's Config, the directory)."""
+    import torch.distributed as dist
+
+    from scaletrain.checkpoint.hf.sharded_export import export_hf_sharded
+
+    try:
+        cfg, parts = load_sharded_model(path)
+        try:
+            out, _ = export_hf_sharded(parts, cfg.model, out_dir)
+        except (ValueError, FileExistsError) as exc:
+            raise CheckpointError(str(exc)) from None
+    finally:
+        dist.destroy_process_group()
+    return cfg, out

@@ -278,13 +278,9 @@ class Trainer:
         return self.checkpointer.save(self.step, self.pm.parts, self.optimizers, {**state, "loop": loop_state})
 
     def _load_init_weights(self) -> None:
-        from scaletrain.checkpoint.init_from import check_compatible, load_base_weights, read_base_state
+        from scaletrain.checkpoint.init_from import load_init_weights
 
-        where = self.cfg.checkpoint.init_from
-        saved, state = read_base_state(where)
-        check_compatible(self.cfg.model, saved, where)
-        with torch.no_grad():
-            load_base_weights(self.pm.parts, state)
+        load_init_weights(self.pm.parts, self.cfg.model, self.cfg.checkpoint.init_from)
 
     def _build_optimizers(self) -> list:
         return [build_optimizer(part.parameters(), self.cfg.optim, self.device.type) for part in self.pm.parts]

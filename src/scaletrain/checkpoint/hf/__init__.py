@@ -1,5 +1,6 @@
 """Hugging Face export and import of scaletrain weights: one converter module per architecture (gpt2.py for gpt3,
-llama.py for llama) over the shared directory and tensor I/O in common.py.
+llama.py for llama) over the shared directory and tensor I/O in common.py; sharded.py (import) and
+sharded_export.py (export) do the same conversions per rank, each rank reading or writing only its own slices.
 
 May import `config`, `model` (the Llama rotary constant, the ModelSpec's converter name) and torch/safetensors; nothing else in `checkpoint`
 imports back into it except `init_from` (reading a Hugging Face directory as a run's initial weights).

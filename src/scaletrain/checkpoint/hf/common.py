@@ -41,35 +41,46 @@ def publish_hf_dir(out_dir: Path, config: dict, tensors: dict[str, torch.Tensor]
     """
     from safetensors import torch as st  # optional dependency: only exporting/importing needs it
 
-    if out_dir.exists() and not (
-        out_dir.is_dir() and ((out_dir / "config.json").is_file() or not any(out_dir.iterdir()))
-    ):
-        raise FileExistsError(f"{who}: {out_dir} exists and is not an HF export; refusing to replace it")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    tmp = new_tmp_dir(out_dir, who)
     try:
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         # transformers 4.x refuses safetensors files without a "format" entry in their metadata.
         st.save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         for name in ("config.json", "model.safetensors"):
             fsync_path(tmp / name)
-        fsync_path(tmp)
-        old = tmp.with_name(tmp.name.replace(".tmp-", ".old-"))
-        if out_dir.exists():
-            # rename() cannot replace a non-empty directory: move the old export aside, then swap the new one in.
-            os.replace(out_dir, old)
-        try:
-            os.replace(tmp, out_dir)
-        except BaseException:
-            if old.exists():
-                os.replace(old, out_dir)
-            raise
-        fsync_path(out_dir.parent)
-        shutil.rmtree(old, ignore_errors=True)
+        swap_in(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def new_tmp_dir(out_dir: Path, who: str) -> Path:
+    """A fresh temporary directory beside `out_dir` to build an export in; FileExistsError (prefixed with `who`)
+    when `out_dir` exists and is neither empty nor an earlier HF export (replacing means deleting)."""
+    if out_dir.exists() and not (
+        out_dir.is_dir() and ((out_dir / "config.json").is_file() or not any(out_dir.iterdir()))
+    ):
+        raise FileExistsError(f"{who}: {out_dir} exists and is not an HF export; refusing to replace it")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+
+
+def swap_in(tmp: Path, out_dir: Path) -> None:
+    """Replace `out_dir` by the complete export `tmp` (files already fsynced) with renames."""
+    fsync_path(tmp)
+    old = tmp.with_name(tmp.name.replace(".tmp-", ".old-"))
+    if out_dir.exists():
+        # rename() cannot replace a non-empty directory: move the old export aside, then swap the new one in.
+        os.replace(out_dir, old)
+    try:
+        os.replace(tmp, out_dir)
+    except BaseException:
+        if old.exists():
+            os.replace(old, out_dir)
+        raise
+    fsync_path(out_dir.parent)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def check_state_shapes(who: str, sd: dict, expected: dict[str, tuple]) -> None:

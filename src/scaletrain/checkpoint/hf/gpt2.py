@@ -147,14 +147,9 @@ def export_gpt2_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_di
     return publish_hf_dir(Path(out_dir), _hf_config(cfg, dtype), out, "export_hf")
 
 
-def import_gpt2_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Read a Hugging Face GPT-2 directory into (ModelConfig, scaletrain state dict).
-
-    Accepts `model.safetensors` (single or sharded) or `pytorch_model.bin` (tensors only, never arbitrary pickle).
-    Tensors keep their stored dtype; `head.weight` is the same tensor object as `embed.tok.weight`. Raises
-    FileNotFoundError for a missing directory or file and ValueError for anything that is not a plain GPT-2.
-    """
-    path = Path(path)
+def gpt2_config(path: Path) -> ModelConfig:
+    """The ModelConfig of a Hugging Face GPT-2 directory from its config.json (no tensors read); ValueError for
+    anything that is not a plain GPT-2."""
     cfg_file, hf = read_config_json(path)
     problems = {
         "model_type": (hf.get("model_type"), ("gpt2",)),
@@ -176,7 +171,7 @@ def import_gpt2_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     vocab = int(hf.get("scaletrain_vocab_size", rows))
     if not 0 < vocab <= rows:
         raise ValueError(f"{cfg_file}: scaletrain_vocab_size={vocab} does not fit vocab_size={rows}")
-    cfg = ModelConfig(
+    return ModelConfig(
         n_layers=n_layers,
         d_model=d,
         n_heads=n_heads,
@@ -188,6 +183,17 @@ def import_gpt2_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         init_std=float(hf.get("initializer_range", ModelConfig.init_std)),
     )
 
+
+def import_gpt2_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Read a Hugging Face GPT-2 directory into (ModelConfig, scaletrain state dict).
+
+    Accepts `model.safetensors` (single or sharded) or `pytorch_model.bin` (tensors only, never arbitrary pickle).
+    Tensors keep their stored dtype; `head.weight` is the same tensor object as `embed.tok.weight`. Raises
+    FileNotFoundError for a missing directory or file and ValueError for anything that is not a plain GPT-2.
+    """
+    path = Path(path)
+    cfg = gpt2_config(path)
+    n_layers, n_heads = cfg.n_layers, cfg.n_heads
     source, raw = load_tensors(path)
     # Original OpenAI-converted files have no "transformer." prefix and carry the causal-mask buffers.
     tensors = {

@@ -149,14 +149,9 @@ def _rope_theta(hf: dict) -> tuple[float, str | None]:
     return theta, None if kind in (None, "default") else kind
 
 
-def import_llama_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Read a Hugging Face Llama directory into (ModelConfig, scaletrain llama state dict).
-
-    Tensors keep their stored dtype. A tied HF head (tie_word_embeddings) becomes an untied copy. Raises
-    FileNotFoundError for missing files and ValueError for anything our Llama cannot represent exactly
-    (biases, rotary scaling or another theta, a head_dim other than hidden/heads, another activation).
-    """
-    path = Path(path)
+def llama_config(path: Path) -> ModelConfig:
+    """The ModelConfig of a Hugging Face Llama directory from its config.json (no tensors read); ValueError for
+    anything our Llama cannot represent exactly."""
     cfg_file, hf = read_config_json(path)
     try:
         rows, d, f = int(hf["vocab_size"]), int(hf["hidden_size"]), int(hf["intermediate_size"])
@@ -183,7 +178,7 @@ def import_llama_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         if not ok:
             raise ValueError(f"{cfg_file}: {what} is not supported")
     vocab = int(hf.get("scaletrain_vocab_size", rows))
-    cfg = ModelConfig(
+    return ModelConfig(
         arch="llama",
         n_layers=n_layers,
         d_model=d,
@@ -196,6 +191,18 @@ def import_llama_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         ln_eps=float(hf.get("rms_norm_eps", 1e-6)),
         init_std=float(hf.get("initializer_range", 0.02)),
     )
+
+
+def import_llama_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Read a Hugging Face Llama directory into (ModelConfig, scaletrain llama state dict).
+
+    Tensors keep their stored dtype. A tied HF head (tie_word_embeddings) becomes an untied copy. Raises
+    FileNotFoundError for missing files and ValueError for anything our Llama cannot represent exactly
+    (biases, rotary scaling or another theta, a head_dim other than hidden/heads, another activation).
+    """
+    path = Path(path)
+    cfg = llama_config(path)
+    n_layers, n_heads, n_kv = cfg.n_layers, cfg.n_heads, cfg.kv_heads
     source, tensors = load_tensors(path)
     tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}  # old saves carry it
     if "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
