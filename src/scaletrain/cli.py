@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from scaletrain import benchmarks
-from scaletrain.config import Config, ConfigError, describe, list_presets, resolve
+from scaletrain.config import Config, ConfigError, describe, expand_field_flags, list_presets, resolve
 from scaletrain.log import get_logger, setup_logging
 
 log = get_logger(__name__)
@@ -380,54 +380,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_parsers(sub)
     return parser
-
-
-_BOOL_WORDS = ("true", "false", "1", "0", "yes", "no")
-
-
-def field_kinds(section=None, prefix: str = "") -> dict[str, type]:
-    """Dotted field name -> type of its default, for every field of every section of the Config dataclass."""
-    import dataclasses
-
-    section = Config() if section is None else section
-    kinds: dict[str, type] = {}
-    for f in dataclasses.fields(section):
-        value = getattr(section, f.name)
-        if dataclasses.is_dataclass(value):
-            kinds.update(field_kinds(value, f"{prefix}{f.name}."))
-        else:
-            kinds[f"{prefix}{f.name}"] = type(value)
-    return kinds
-
-
-def expand_field_flags(argv: list[str]) -> list[str]:
-    """Turn `--section.field VALUE` and `--section.field=VALUE` into `--set section.field=VALUE`.
-
-    So `torchrun ... -m scaletrain train --parallel.tp 2` reads like any other flag. Every section of the
-    Config dataclass works; a boolean field given alone (`--train.compile`) means true, and takes the next
-    argument only when that is a boolean word, so it never swallows the next flag.
-    """
-    kinds = field_kinds()
-    sections = {name.split(".", 1)[0] for name in kinds if "." in name}
-    out, i = [], 0
-    while i < len(argv):
-        arg = argv[i]
-        head = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
-        if "." in head and head.split(".", 1)[0] in sections:
-            nxt = argv[i + 1] if i + 1 < len(argv) else None
-            if "=" in arg:
-                out += ["--set", arg[2:]]
-            elif kinds.get(head) is bool and (nxt is None or nxt.lower() not in _BOOL_WORDS):
-                out += ["--set", f"{head}=true"]
-            elif nxt is not None and not nxt.startswith("--"):
-                out += ["--set", f"{head}={nxt}"]
-                i += 1
-            else:
-                raise ConfigError(f"{arg}: missing value")
-        else:
-            out.append(arg)
-        i += 1
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
