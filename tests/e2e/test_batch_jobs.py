@@ -132,7 +132,7 @@ def test_signal_to_the_train_command_exits_resumable(excerpt_corpus, tmp_path, r
             break
     proc.stdout.read()
     err = proc.stderr.read()
-    assert proc.wait(timeout=60) == 128 + signum, err[-3000:]
+    assert proc.wait(timeout=400) == 128 + signum, err[-3000:]
     stopped = re.search(r"stopped after step (\d+) and saved (\S+);", err)
     assert stopped, err[-3000:]
     step = int(stopped.group(1))
@@ -142,7 +142,7 @@ def test_signal_to_the_train_command_exits_resumable(excerpt_corpus, tmp_path, r
     if signum != signal.SIGTERM:
         return
 
-    resumed = subprocess.run([*args, "--resume", "auto"], capture_output=True, text=True, timeout=90)
+    resumed = subprocess.run([*args, "--resume", "auto"], capture_output=True, text=True, timeout=400)
     # The budget runs out above the target: a normal end (exit 0), not a failure that a launcher would restart.
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _assert_resumed_like_reference(run, json.loads((run / "result.json").read_text()), reference, every=2)
