@@ -23,7 +23,11 @@ def _ruleset_of(cmd: list[str]) -> str:
 
 def test_rulesets_come_from_the_package_folders():
     lora = benchmarks.package_rulesets("llama2_70b_lora")
-    assert lora[0] == "4.1.0" and "6.1.0" in lora and lora == tuple(sorted(lora, key=lambda r: tuple(map(int, r.split(".")))))
+    assert (
+        lora[0] == "4.1.0"
+        and "6.1.0" in lora
+        and lora == tuple(sorted(lora, key=lambda r: tuple(map(int, r.split(".")))))
+    )
     assert benchmarks.package_rulesets("llama2_70b_lora-proxy") == lora
     assert benchmarks.package_rulesets("gpt3") == ("4.1.0",)  # retired after 4.1; 3.x logs need other keys
     assert ruleset("llama2_70b_lora") == ruleset("llama2_70b_lora-proxy") == lora[-1]
@@ -33,9 +37,7 @@ def test_rulesets_come_from_the_package_folders():
     assert _ruleset_of(checker_command("log", "llama2_70b_lora", rules="5.1.0")) == "5.1.0"
 
 
-@pytest.mark.parametrize(
-    "name,value", [("llama2_70b_lora", "3.1.0"), ("llama2_70b_lora", "9.9.9"), ("gpt3", "6.1.0")]
-)
+@pytest.mark.parametrize("name,value", [("llama2_70b_lora", "3.1.0"), ("llama2_70b_lora", "9.9.9"), ("gpt3", "6.1.0")])
 def test_a_ruleset_the_package_lacks_is_a_config_error(name, value):
     with pytest.raises(ConfigError) as err:
         lora_reference_config(f"bench.benchmark={name}", f"bench.ruleset={value}")
