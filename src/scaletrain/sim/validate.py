@@ -10,7 +10,8 @@ scored row is predicted by sets fitted without it, by exactly the procedure `sim
   it was run at is predicted from the lower half (a median over rows would put every 8-GPU LoRA row above it).
 
 A row whose set (release/generation) has no row left in the fit uses the nearest fitted set, as `predict` does
-for a release or generation without its own set: the same release's other generation, else the newest release.
+for a generation without its own set: the same release's other generation (Hopper first); a release with no set
+left at all takes the newest release's, its own generation first.
 """
 
 from __future__ import annotations
