@@ -13,7 +13,9 @@ where to find them.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = [
     "BenchmarkSpec",
@@ -27,12 +29,14 @@ __all__ = [
     "for_preset",
     "for_model",
     "choices_text",
+    "package_rulesets",
+    "resolve_ruleset",
 ]
 
 PROXY_SUFFIX = "-proxy"
 DEFAULT_RULESET = "4.1.0"
-"""mlperf-logging ruleset (and RCP table version) the registered benchmarks use; gpt3 rules exist only in
-rulesets 3.0.0-4.1.0, and the package's default (newer) ruleset crashes on gpt3 logs."""
+"""gpt3's mlperf-logging ruleset (and the simulator's RCP table version): gpt3 rules exist only in rulesets
+3.0.0-4.1.0 (it was retired after 4.1), and the package's default (newer) ruleset crashes on gpt3 logs."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,8 @@ class BenchmarkSpec:
     mllog_constant: str
     """Attribute of `mlperf_logging.mllog.constants` holding the submission_benchmark value to log."""
     ruleset: str
-    """Compliance-checker ruleset (`--ruleset`) and RCP table version its logs are judged by."""
+    """Compliance-checker ruleset (`--ruleset`) and RCP table version its logs are judged by when bench.ruleset is
+    empty; "" = the newest the installed mlperf-logging ships for the benchmark (`resolve_ruleset`)."""
     proxy_rules_file: str
     """Rules file of the "<name>-proxy" variant, in the package folder scaletrain/bench/rules/."""
     reference_preset: str
@@ -121,7 +126,8 @@ GPT3 = BenchmarkSpec(
 LLAMA2_70B_LORA = BenchmarkSpec(
     name="llama2_70b_lora",
     mllog_constant="LLAMA2_70B_LORA",
-    ruleset=DEFAULT_RULESET,
+    # Newest: closed_llama2_70b_lora.yaml is the same file from 4.1.0 to 6.1.0 (mlperf-logging 4.1.68).
+    ruleset="",
     proxy_rules_file="llama2_70b_lora_proxy.yaml",
     reference_preset="llama2-70b-lora",
     proxy_preset="llama2-70b-lora-proxy",
@@ -185,3 +191,60 @@ def choices_text(items, last: str = "or") -> str:
     """'a, b, c or d' for help and error texts."""
     items = list(items)
     return ", ".join(items[:-1]) + f" {last} " + items[-1] if len(items) > 1 else "".join(items)
+
+
+OLDEST_RULESET = "4.1.0"
+"""The oldest ruleset scaletrain's logs follow: older ones require keys the harness does not log (4.0.0:
+submission_status)."""
+
+
+def _version(ruleset: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in ruleset.split(".") if x.isdigit())
+
+
+def package_rulesets(name: str) -> tuple[str, ...]:
+    """Training rulesets from OLDEST_RULESET on, oldest first, for which the installed mlperf-logging ships both the
+        closed-division rules
+    (compliance_checker/training_<r>/closed_<name>.yaml) and the RCP table (rcp_checker/training_<r>/rcps_<name>.json) of
+        benchmark `name` (or its proxy's benchmark); () when the package is not installed.
+
+        Read from the package's folders without importing it, so layer 0 stays stdlib-only.
+    """
+    bench = get(name).name
+    spec = importlib.util.find_spec("mlperf_logging")
+    if spec is None or not spec.origin:
+        return ()
+    root = Path(spec.origin).parent
+    found = [
+        d.name.removeprefix("training_")
+        for d in (root / "compliance_checker").glob("training_*")
+        if (d / f"closed_{bench}.yaml").is_file()
+        and (root / "rcp_checker" / d.name / f"rcps_{bench}.json").is_file()
+        and _version(d.name.removeprefix("training_")) >= _version(OLDEST_RULESET)
+    ]
+    return tuple(sorted(found, key=_version))
+
+
+def resolve_ruleset(name: str, requested: str = "") -> str:
+    """The ruleset a run of benchmark `name` (official or proxy) is logged and checked by: `requested`
+    (bench.ruleset) when given, else the registry's fixed one, else the newest the installed package ships for it.
+
+    ValueError naming the rulesets the package has when `requested` is not one of them (or nothing is installed).
+    """
+    spec = get(name)
+    if not requested and spec.ruleset:
+        return spec.ruleset
+    have = package_rulesets(spec.name)
+    if requested and requested in have:
+        return requested
+    if not requested and have:
+        return have[-1]
+    try:
+        from importlib.metadata import version
+
+        pkg = f"mlperf-logging {version('mlperf-logging')}"
+    except Exception:  # noqa: BLE001 - any metadata problem: name the package without its version
+        pkg = "mlperf-logging"
+    if not have:
+        raise ValueError(f"bench.ruleset: the installed {pkg} ships no {spec.name} rules (is it installed?)")
+    raise ValueError(f"bench.ruleset={requested!r}: {pkg} has no {spec.name} rules for it; it has {', '.join(have)}")

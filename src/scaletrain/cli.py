@@ -147,7 +147,7 @@ def cmd_bench_check(args) -> int:
     The rules file of a proxy benchmark is found inside the installed package, so this works from any directory.
     Exit 0 when the log passes, 1 when it fails, 2 for a missing log or an unknown benchmark.
     """
-    from scaletrain.bench.checker import check_log, known, ruleset, run_benchmark
+    from scaletrain.bench.checker import check_log, known, ruleset, run_benchmark, run_ruleset
 
     log = Path(args.log)
     if log.is_dir():
@@ -170,10 +170,16 @@ def cmd_bench_check(args) -> int:
             f"bench check: benchmark {benchmark!r} has no compliance rules; one of {', '.join(known_names)}"
         )
     # The checker's own log file goes next to the MLLOG, never into the current directory.
-    check = check_log(log, benchmark, log_output=log.parent / "compliance_checker.log")
+    # The run's own bench.ruleset when its config names one and is for this benchmark; else the benchmark's default.
+    try:
+        rules = run_ruleset(log.parent) if run_benchmark(log.parent) == benchmark else ""
+        rules_name = ruleset(benchmark, rules)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    check = check_log(log, benchmark, log_output=log.parent / "compliance_checker.log", rules=rules)
     if not check.ok:
         print(check.output.rstrip())
-    print(f"{log}: {'pass' if check.ok else 'FAIL'} ({benchmark} rules, ruleset {ruleset(benchmark)})")
+    print(f"{log}: {'pass' if check.ok else 'FAIL'} ({benchmark} rules, ruleset {rules_name})")
     return 0 if check.ok else 1
 
 

@@ -230,7 +230,8 @@ class CheckpointConfig:
 @dataclass
 class BenchConfig:
     benchmark: str = "gpt3"
-    """MLPerf benchmark rules to follow: "gpt3" (official, ruleset 4.1.0) or "gpt3-proxy" (CPU proxy rules file)."""
+    """MLPerf benchmark rules to follow: "gpt3" (official, ruleset 4.1.0) or "gpt3-proxy" (CPU proxy rules file),
+    "llama2_70b_lora" (newest ruleset, see `ruleset`) or "llama2_70b_lora-proxy"."""
     runs: int = 3
     """Runs with distinct seeds; scored by the olympic mean."""
     org: str = "scaletrain"
@@ -241,6 +242,10 @@ class BenchConfig:
     """submission_platform; empty means derived from the machine (e.g. "1xCPU")."""
     check: bool = True
     """Run MLCommons' compliance checker on every log."""
+    ruleset: str = ""
+    """mlperf-logging training ruleset the logs are written for and checked against ("6.1.0", ...); empty = the
+    benchmark's own: gpt3 4.1.0 (its last round), llama2_70b_lora the newest the installed package ships rules and
+    RCPs for. Must be one the installed package has for the benchmark."""
 
 
 @dataclass
@@ -353,6 +358,11 @@ def _problems(c: Config):
         yield f"bench.benchmark={b.benchmark!r}: must be one of {sorted(benchmarks.names())}"
     if b.runs <= 0:
         yield f"bench.runs={b.runs}: must be > 0"
+    if b.ruleset and b.benchmark in benchmarks.names():
+        try:
+            benchmarks.resolve_ruleset(b.benchmark, b.ruleset)
+        except ValueError as exc:
+            yield str(exc)
     p = c.parallel
     for name in ("dp_replicate", "tp", "pp", "pp_virtual", "cp"):
         if getattr(p, name) < 1:

@@ -1,5 +1,5 @@
 """llama2_70b_lora: the harness's sample-counted protocol with skipped first evaluations, its init keys, the official
-ruleset 4.1.0 judging a scripted run at the real hyperparameters, the proxy rules file, and 10-run scoring."""
+ruleset (the newest the package ships) judging a scripted run at the real hyperparameters, the proxy rules file, and 10-run scoring."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import yaml
 from rich.console import Console
 
+from scaletrain import benchmarks
 from scaletrain.bench.checker import check_log, known, proxy_rules_path
 from scaletrain.bench.harness import run_benchmark
 from scaletrain.bench.mllog import read_mllog
@@ -58,8 +59,11 @@ def test_real_log_passes_the_official_checker(real_run):
     _, _, run_dir, _ = real_run
     check = check_log(run_dir / "mllog.txt", "llama2_70b_lora")
     assert check.ok, check.output
-    assert "--werror" in check.command and "4.1.0" in check.command and "--config" not in check.command
-    assert "closed_llama2_70b_lora.yaml" in check.output
+    newest = benchmarks.package_rulesets("llama2_70b_lora")[-1]
+    assert check.command[check.command.index("--ruleset") + 1] == newest
+    assert tuple(map(int, newest.split("."))) >= (6, 1, 0)
+    assert "--werror" in check.command and "--config" not in check.command
+    assert f"training_{newest}/closed_llama2_70b_lora.yaml" in check.output
 
 
 def test_real_log_init_keys_and_values(real_run):
@@ -187,7 +191,8 @@ def _records(text: str) -> dict[str, dict]:
 
 def test_proxy_rules_keep_every_official_requirement():
     import mlperf_logging.compliance_checker as cc
-    official_dir = Path(cc.__file__).parent / "training_4.1.0"
+    # The proxy rules are built from the ruleset a proxy run resolves to by default: the newest the package ships.
+    official_dir = Path(cc.__file__).parent / f"training_{benchmarks.resolve_ruleset('llama2_70b_lora-proxy')}"
     official = {}
     # The order the checker runs them in; a later file's record for a key replaces the earlier ones' verdicts.
     for name in ("common.yaml", "closed_common.yaml", "closed_llama2_70b_lora.yaml"):

@@ -29,8 +29,8 @@ def test_every_benchmark_resolves_its_presets_rules_and_data(spec):
     assert proxy_rules_path(spec.proxy_name).is_file()
     # RCPs: from the installed package when it has them, and from the bundled copy, both with records.
     assert mlperf.rcp_records(spec.name)
-    raw, where = mlperf._load_rcp_raw(spec.name, spec.ruleset, use_package=False)
-    assert raw and where.endswith(f"rcps_{spec.ruleset}.csv")
+    raw, where = mlperf._load_rcp_raw(spec.name, mlperf.DEFAULT_RCP_VERSION, use_package=False)
+    assert raw and where.endswith(f"rcps_{mlperf.DEFAULT_RCP_VERSION}.csv")
     from scaletrain.sim.results import bundled_results
 
     assert {r.benchmark for r in bundled_results(spec.name)} == {spec.name}
@@ -43,7 +43,7 @@ def test_entries_agree_with_the_mlperf_logging_package():
     for spec in benchmarks.BENCHMARKS.values():
         assert getattr(mllog.constants, spec.mllog_constant) == spec.name
         assert _ALL_RESULT_FILE_COUNTS["training"][spec.name] == spec.runs
-        assert mlperf._package_rcp_file(spec.name, spec.ruleset) is not None
+        assert mlperf._package_rcp_file(spec.name, benchmarks.resolve_ruleset(spec.name)) is not None
 
 
 def test_skip_rule_is_the_training_rules_formula():

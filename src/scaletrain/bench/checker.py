@@ -23,12 +23,13 @@ __all__ = [
     "checker_command",
     "proxy_rules_path",
     "run_benchmark",
+    "run_ruleset",
     "RULESET",
     "ruleset",
     "known",
 ]
 
-# The ruleset summary.json records and the seed check uses; a benchmark's own is `ruleset(name)`.
+# gpt3's ruleset (kept for callers that name it); a run's own is `ruleset(name, cfg.bench.ruleset)`.
 RULESET = benchmarks.DEFAULT_RULESET
 _SUCCESS = re.compile(r"^\S+ - SUCCESS\s*$", re.MULTILINE)
 _FAILED = re.compile(r"^\S+ - FAILED\s*$", re.MULTILINE)
@@ -56,9 +57,10 @@ def known() -> tuple[str, ...]:
     return benchmarks.names()
 
 
-def ruleset(benchmark: str) -> str:
-    """The checker's --ruleset for a benchmark or its proxy: its registry entry's."""
-    return benchmarks.get(benchmark).ruleset
+def ruleset(benchmark: str, requested: str = "") -> str:
+    """The checker's --ruleset for a benchmark or its proxy: `requested` (bench.ruleset) when given, else the
+    registry's fixed one (gpt3: 4.1.0), else the newest the installed mlperf-logging ships for it."""
+    return benchmarks.resolve_ruleset(benchmark, requested)
 
 
 def proxy_rules_path(benchmark: str = "gpt3-proxy"):
@@ -71,9 +73,14 @@ def proxy_rules_path(benchmark: str = "gpt3-proxy"):
 
 
 def checker_command(
-    log: str | Path, benchmark: str, config: str | Path | None = None, log_output: str | Path | None = None
+    log: str | Path,
+    benchmark: str,
+    config: str | Path | None = None,
+    log_output: str | Path | None = None,
+    rules: str = "",
 ) -> list[str]:
-    """The checker command line for `benchmark` (official or proxy); `config` is the proxy rules path."""
+    """The checker command line for `benchmark` (official or proxy); `config` is the proxy rules path, `rules` the
+    requested ruleset (bench.ruleset; "" = the benchmark's default)."""
     if benchmark not in known():
         raise ValueError(f"no compliance rules for benchmark {benchmark!r}; expected one of {sorted(known())}")
     cmd = [
@@ -83,7 +90,7 @@ def checker_command(
         "--usage",
         "training",
         "--ruleset",
-        ruleset(benchmark),
+        ruleset(benchmark, rules),
         "--werror",
     ]
     if benchmarks.is_proxy(benchmark):
@@ -97,12 +104,17 @@ def checker_command(
 
 
 def check_log(
-    path: str | Path, benchmark: str, log_output: str | Path | None = None, timeout_s: float = 300.0
+    path: str | Path,
+    benchmark: str,
+    log_output: str | Path | None = None,
+    timeout_s: float = 300.0,
+    rules: str = "",
 ) -> CheckResult:
     """Check the MLLOG file `path` against the rules of `benchmark` with `--werror`.
 
-    "gpt3", "llama2_70b_lora": the official ruleset 4.1.0. "gpt3-proxy", "llama2_70b_lora-proxy": the same engine
-    with `--config` = the packaged proxy rules file.
+    "gpt3", "llama2_70b_lora": the official rules of ruleset `ruleset(benchmark, rules)` (gpt3 4.1.0,
+    llama2_70b_lora the newest the package ships). "gpt3-proxy", "llama2_70b_lora-proxy": the same engine with
+    `--config` = the packaged proxy rules file.
     The checker also appends its messages to a file (by default `compliance_checker.log` in the current directory);
     CheckResult.output already holds them, so that copy goes to os.devnull unless `log_output` names a file,
     which is then replaced (the checker itself would append to an old one).
@@ -117,7 +129,7 @@ def check_log(
         if benchmarks.is_proxy(benchmark):
             # as_file gives a real path even from a zipped install; an ordinary install returns the file itself.
             config = stack.enter_context(resources.as_file(proxy_rules_path(benchmark)))
-        cmd = checker_command(path, benchmark, config=config, log_output=log_output)
+        cmd = checker_command(path, benchmark, config=config, log_output=log_output, rules=rules)
         if not path.is_file():
             return CheckResult(False, cmd, f"no such log file: {path}")
         try:
@@ -148,13 +160,22 @@ def verdict(returncode: int, output: str) -> bool:
 
 def run_benchmark(run_dir: str | Path) -> str | None:
     """`bench.benchmark` from the config.json of a run directory, or None when there is none to read."""
+    return _run_bench_field(run_dir, "benchmark") or None
+
+
+def run_ruleset(run_dir: str | Path) -> str:
+    """`bench.ruleset` from the config.json of a run directory; "" (the benchmark's default) when there is none."""
+    return _run_bench_field(run_dir, "ruleset")
+
+
+def _run_bench_field(run_dir: str | Path, name: str) -> str:
     import json
 
     path = Path(run_dir) / "config.json"
     if not path.is_file():
-        return None
+        return ""
     try:
-        benchmark = json.loads(path.read_text()).get("bench", {}).get("benchmark")
+        value = json.loads(path.read_text()).get("bench", {}).get(name)
     except (ValueError, AttributeError):
         raise ValueError(f"{path}: not a scaletrain config.json; pass --benchmark NAME") from None
-    return benchmark if isinstance(benchmark, str) and benchmark else None
+    return value if isinstance(value, str) else ""

@@ -27,6 +27,7 @@ __all__ = [
     "submission_benchmark",
     "is_lora",
     "mllog_hparams",
+    "disclosure_hparams",
     "official_rule_violations",
     "gradient_accumulation_steps",
 ]
@@ -182,7 +183,31 @@ def _lora_hparams(
         (C.GRADIENT_ACCUMULATION_STEPS, gradient_accumulation_steps(cfg, dp_size)),
         (C.LORA_ALPHA, alpha),
         ("lora_rank", lo.rank),  # mllog 4.1 has no constant for it; closed_llama2_70b_lora.yaml checks == 16
+        *disclosure_hparams(cfg),
         (C.SEED, cfg.train.seed),
+    ]
+
+
+def disclosure_hparams(cfg: Config) -> list[tuple[str, Any]]:
+    """The precision, parallelism and run-config keys training_6.1.0/common.yaml requires (older rulesets ignore
+    them, so a llama2_70b_lora log carries them at any ruleset and its proxy rules can require them too).
+
+    Lowest precisions: linear layers FP8 under train.fp8, else the compute dtype; attention runs in the compute
+    dtype; communication is the compute dtype (FSDP gathers bf16 parameters and TP/CP/PP move bf16 activations,
+    gradients are reduced in fp32). No expert parallelism; the run's config is its config.json.
+    """
+    dtype = "bfloat16" if cfg.train.dtype == "bf16" else "fp32"
+    p = cfg.parallel
+    return [
+        (C.LOWEST_NUMERICAL_PRECISION_IN_LINEAR, "fp8" if cfg.train.fp8 else dtype),
+        (C.LOWEST_NUMERICAL_PRECISION_IN_ATTN, dtype),
+        (C.LOWEST_NUMERICAL_PRECISION_IN_COMM, dtype),
+        (C.TENSOR_PARALLELISM, p.tp),
+        (C.PIPELINE_PARALLELISM, p.pp),
+        (C.CONTEXT_PARALLELISM, p.cp),
+        (C.EXPERT_PARALLELISM, 1),
+        (C.MICRO_BATCH_SIZE, cfg.train.micro_batch_size),
+        (C.CONFIG_FILENAME, "config.json"),
     ]
 
 

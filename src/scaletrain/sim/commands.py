@@ -18,6 +18,7 @@ from scaletrain.sim.catalog import load_catalog
 from scaletrain.sim.efficiency import efficiency_for
 from scaletrain.sim.predict import Prediction, predict
 from scaletrain.sim.results import bundled_results, load_results
+from scaletrain.sim.validate import cross_validate, cv_json, default_jobs, print_cv, score_dict
 from scaletrain.sim.workload import ClusterLayout, load_config, load_workload
 
 log = get_logger(__name__)
@@ -44,6 +45,18 @@ def _layout(args) -> ClusterLayout:
         schedule=args.schedule,
         bf16_grads=args.grad_dtype == "bf16" or (args.grad_dtype == "auto" and (args.fp8 or args.fp4)),
     )
+
+
+def _positive_int(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
 
 
 def _fmt_min(x) -> str:
@@ -178,6 +191,9 @@ def cmd_validate(args) -> int:
     ready, bad = cal.prepare(rows, load_catalog(args.catalog))
     errors += [(_where(r), why) for r, why in bad]
     scores = cal.score_rows(ready, _row_eff)
+    cv = None
+    if args.cv:
+        cv = cross_validate(ready, args.cv, args.cv_threshold, args.jobs or default_jobs())
     by_bench: dict[str, list] = {}
     for s in scores:
         by_bench.setdefault(s.row.benchmark, []).append(s)
@@ -187,9 +203,10 @@ def cmd_validate(args) -> int:
         print(
             json.dumps(
                 {
-                    "rows": [_score_dict(s) for s in scores],
+                    "rows": [score_dict(s) for s in scores],
                     "summary": summary,
                     "skipped": [{"where": w, "reason": why} for w, why in errors],
+                    **({"cv": cv_json(cv)} if cv else {}),
                 },
                 indent=2,
             )
@@ -220,27 +237,9 @@ def cmd_validate(args) -> int:
         )
     for where, why in errors:
         print(f"skipped {where}: {why}")
+    if cv:
+        print_cv(cv)
     return 0 if scores else 1
-
-
-def _score_dict(s) -> dict:
-    r = s.row
-    return {
-        "benchmark": r.benchmark,
-        "round": r.round,
-        "system": r.system,
-        "gpu": r.gpu,
-        "gpus": r.gpus,
-        "line": r.line,
-        "layout": {"tp": r.tp, "pp": r.pp, "vp": r.vp, "cp": r.cp, "mbs": r.mbs, "gbs": r.gbs, "fp8": r.fp8},
-        "step_time_s": s.step_time_s,
-        "predicted_min": s.predicted_min,
-        "published_min": s.published_min,
-        "error": s.error,
-        "perf_predicted_min": s.perf_predicted_min,
-        "perf_published_min": s.perf_published_min,
-        "perf_error": s.perf_error,
-    }
 
 
 def cmd_calibrate(args) -> int:
@@ -397,6 +396,26 @@ def add_parsers(sub) -> None:
     )
     v.add_argument("--catalog", action="append", default=[], metavar="TOML")
     v.add_argument("--json", action="store_true")
+    v.add_argument(
+        "--cv",
+        choices=("loo", "scale"),
+        help="also score out of sample, refitting with `sim calibrate`'s procedure on the rows given: loo = each "
+        "row predicted by a fit on all the others; scale = rows at or above --cv-threshold GPUs predicted by a fit "
+        "on the rows below (the in-sample error of the same rows, refitted on all of them, is shown alongside)",
+    )
+    v.add_argument(
+        "--cv-threshold",
+        type=_positive_int,
+        metavar="N",
+        help="--cv scale: GPU count from which rows are scored (default, per benchmark: the median of its distinct "
+        "GPU counts, the upper of the middle two when even)",
+    )
+    v.add_argument(
+        "--jobs",
+        type=_positive_int,
+        default=None,
+        help="--cv loo: refits run at a time in separate processes (default: the CPUs available)",
+    )
     v.set_defaults(func=cmd_validate)
     c = ssub.add_parser("calibrate", help="fit efficiency scalars", description=cmd_calibrate.__doc__)
     c.add_argument("run_dirs", nargs="*", help="scaletrain run directories measured on a GPU")

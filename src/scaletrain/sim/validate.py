@@ -1,0 +1,206 @@
+"""Out-of-sample scores of the fitted efficiencies: leave-one-out and scale-split cross-validation.
+
+`sim validate` alone scores the calibration rows with the sets fitted on those same rows (in-sample). Here every
+scored row is predicted by sets fitted without it, by exactly the procedure `sim calibrate` uses (`calibrate.fit`):
+
+- "loo": for each row, refit on all the other rows and predict it (the shared scalars are fitted on every row,
+  so the whole fit is redone, not only the row's own GEMM efficiency).
+- "scale": fit once on the rows below a GPU-count threshold and predict the rows at or above it. The default
+  threshold, per benchmark, is the (upper) median of the benchmark's distinct GPU counts: the upper half of the scales
+  it was run at is predicted from the lower half (a median over rows would put every 8-GPU LoRA row above it).
+
+A row whose set (release/generation) has no row left in the fit uses the nearest fitted set, as `predict` does
+for a generation without its own set: the same release's other generation (Hopper first); a release with no set
+left at all takes the newest release's, its own generation first.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+from scaletrain.sim import calibrate as cal
+from scaletrain.sim.efficiency import Efficiency, _release_key
+
+MODES = ("loo", "scale")
+
+
+def nearest_set(effs: dict[str, Efficiency], name: str) -> tuple[str, Efficiency]:
+    """(set name, Efficiency) for set `name` ("v4.1/hopper") from fitted sets that may lack it."""
+    if name in effs:
+        return name, effs[name]
+    release, gen = name.split("/", 1)
+    for candidate in (gen, "hopper", "blackwell", "ampere"):
+        if f"{release}/{candidate}" in effs:
+            return f"{release}/{candidate}", effs[f"{release}/{candidate}"]
+    newest = sorted(effs, key=lambda k: (k.split("/")[1] == gen, _release_key(k.split("/")[0])))
+    if not newest:
+        return "prior", Efficiency()
+    return newest[-1], effs[newest[-1]]
+
+
+def default_thresholds(rows: list[cal._Row]) -> dict[str, int]:
+    """Per benchmark: the median of its distinct GPU counts, the upper one of the middle two when their number is
+    even (rows at or above it are scored by `--cv scale`)."""
+    counts: dict[str, set[int]] = {}
+    for r in rows:
+        counts.setdefault(r.bench, set()).add(r.row.gpus)
+    out = {}
+    for bench, c in counts.items():
+        s = sorted(c)
+        out[bench] = s[len(s) // 2]
+    return out
+
+
+def _score(r: cal._Row, effs: dict[str, Efficiency]) -> tuple[str, cal.RowScore]:
+    used, eff = nearest_set(effs, r.set)
+    return used, cal.score_rows([r], lambda _: eff)[0]
+
+
+def _loo_one(args: tuple[list[cal._Row], int]) -> tuple[str, cal.RowScore]:
+    rows, i = args
+    return _score(rows[i], cal.fit(rows[:i] + rows[i + 1 :]))
+
+
+def cross_validate(rows: list[cal._Row], mode: str, threshold: int | None = None, jobs: int = 1) -> dict:
+    """Out-of-sample scores of prepared calibration rows.
+
+    Returns {"mode", "thresholds" (scale: per benchmark), "fit_rows" (rows each fit saw: LOO n-1, scale the
+    count below the thresholds), "sets" (scale: the fitted sets), "scores" [(row, set used, RowScore)],
+    "in_sample" [RowScore of the same rows with sets fitted on every row]}. `jobs` > 1 runs LOO refits in
+    that many processes (the fits are independent; results do not depend on it).
+    """
+    if mode not in MODES:
+        raise ValueError(f"--cv {mode!r}: expected one of {', '.join(MODES)}")
+    if len(rows) < 2:
+        raise ValueError(f"--cv {mode} needs at least 2 rows that the simulator can take, got {len(rows)}")
+    out: dict = {"mode": mode, "thresholds": {}, "sets": {}}
+    if mode == "loo":
+        scored = list(range(len(rows)))
+        tasks = [(rows, i) for i in scored]
+        if jobs > 1:
+            with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
+                results = list(pool.map(_loo_one, tasks))
+        else:
+            results = [_loo_one(t) for t in tasks]
+        out["fit_rows"] = len(rows) - 1
+    else:
+        limits = default_thresholds(rows) if threshold is None else {r.bench: threshold for r in rows}
+        out["thresholds"] = limits
+        train = [r for r in rows if r.row.gpus < limits[r.bench]]
+        scored = [i for i, r in enumerate(rows) if r.row.gpus >= limits[r.bench]]
+        if not train or not scored:
+            raise ValueError(
+                f"--cv scale: thresholds {limits} leave {len(train)} rows to fit and {len(scored)} to score; "
+                "both must be non-empty (--cv-threshold N)"
+            )
+        effs = cal.fit(train)
+        out["sets"] = {k: e.to_dict() for k, e in sorted(effs.items())}
+        results = [_score(rows[i], effs) for i in scored]
+        out["fit_rows"] = len(train)
+    full = cal.fit(rows)
+    out["scores"] = [(rows[i].row, used, s) for i, (used, s) in zip(scored, results)]
+    out["in_sample"] = [_score(rows[i], full)[1] for i in scored]
+    return out
+
+
+def default_jobs() -> int:
+    """Processes for LOO refits: the CPUs this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def score_dict(s: cal.RowScore) -> dict:
+    """One scored row as `sim validate --json` prints it."""
+    r = s.row
+    return {
+        "benchmark": r.benchmark,
+        "round": r.round,
+        "system": r.system,
+        "gpu": r.gpu,
+        "gpus": r.gpus,
+        "line": r.line,
+        "layout": {"tp": r.tp, "pp": r.pp, "vp": r.vp, "cp": r.cp, "mbs": r.mbs, "gbs": r.gbs, "fp8": r.fp8},
+        "step_time_s": s.step_time_s,
+        "predicted_min": s.predicted_min,
+        "published_min": s.published_min,
+        "error": s.error,
+        "perf_predicted_min": s.perf_predicted_min,
+        "perf_published_min": s.perf_published_min,
+        "perf_error": s.perf_error,
+    }
+
+
+_CV_TITLE = {"loo": "leave-one-out", "scale": "scale split"}
+
+
+def cv_summary(cv: dict) -> dict:
+    """Per benchmark and "all": the cross-validated and the in-sample (same rows) error summaries."""
+    groups: dict[str, list[int]] = {}
+    for i, (row, _, _) in enumerate(cv["scores"]):
+        groups.setdefault(row.benchmark, []).append(i)
+    groups["all"] = list(range(len(cv["scores"])))
+    out = {}
+    for b, idx in groups.items():
+        scores = [cv["scores"][i][2] for i in idx]
+        ins = [cv["in_sample"][i] for i in idx]
+        out[b] = {
+            "ttt": cal.summary(scores),
+            "perf": cal.summary(scores, "perf_error"),
+            "in_sample_ttt": cal.summary(ins),
+            "in_sample_perf": cal.summary(ins, "perf_error"),
+        }
+    return out
+
+
+def cv_json(cv: dict) -> dict:
+    """The `cv` object of `sim validate --cv MODE --json`."""
+    rows = []
+    for (_, used, s), ins in zip(cv["scores"], cv["in_sample"]):
+        d = score_dict(s)
+        d.update(set=used, in_sample_error=ins.error, in_sample_perf_error=ins.perf_error)
+        rows.append(d)
+    return {
+        "mode": cv["mode"],
+        "thresholds": cv["thresholds"],
+        "fit_rows": cv["fit_rows"],
+        "sets": cv["sets"],
+        "rows": rows,
+        "summary": cv_summary(cv),
+    }
+
+
+def print_cv(cv: dict) -> None:
+    """The cross-validation table and per-benchmark summary lines."""
+    title = _CV_TITLE[cv["mode"]]
+    how = (
+        "each row predicted by sets refitted on the other rows"
+        if cv["mode"] == "loo"
+        else "rows at or above "
+        + ", ".join(f"{b} {n} GPUs" for b, n in cv["thresholds"].items())
+        + f" predicted by sets fitted on the {cv['fit_rows']} rows below"
+    )
+    print(f"\n{title} ({how}):")
+    print(
+        f"{'benchmark':16} {'round':5} {'gpu':5} {'GPUs':>6} {'set used':15} {'pred min':>9} {'published':>9} "
+        f"{'cv error':>8} {'cv perf':>8} {'in-sample':>9}"
+    )
+    for (r, used, s), ins in zip(cv["scores"], cv["in_sample"]):
+        perf = "-" if s.perf_error is None else f"{100 * s.perf_error:+.1f}%"
+        print(
+            f"{r.benchmark:16} {r.round:5} {r.gpu:5} {r.gpus:6d} {used:15} {s.predicted_min:9.2f} "
+            f"{s.published_min:9.2f} {100 * s.error:+7.1f}% {perf:>8} {100 * ins.error:+8.1f}%"
+        )
+    for b, v in cv_summary(cv).items():
+        t, p, it = v["ttt"], v["perf"], v["in_sample_ttt"]
+        print(
+            f"{b}: {t['rows']} rows, {title} time-to-train MAPE {t['mape_pct']:.2f}% max {t['max_err_pct']:.2f}%"
+            + (
+                f"; with the published convergence MAPE {p['mape_pct']:.2f}% max {p['max_err_pct']:.2f}%"
+                if p["rows"]
+                else ""
+            )
+            + f"; in-sample {it['mape_pct']:.2f}% max {it['max_err_pct']:.2f}%"
+        )
