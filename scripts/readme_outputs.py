@@ -36,7 +36,12 @@ README = ROOT / "README.md"
 ELLIPSIS = "..."
 WIDTH = 120
 # Outputs that are measurements (wall-clock timings): regenerated only on request.
-TIMED = (re.compile(r"^scaletrain bench(?! check)\b"), re.compile(r"^python3 benchmarks/"))
+# Timed: benchmarks (minutes of training) and the cross-validated fit (one refit per calibration row).
+TIMED = (
+    re.compile(r"^scaletrain bench(?! check)\b"),
+    re.compile(r"^python3 benchmarks/"),
+    re.compile(r"^scaletrain sim validate --cv\b"),
+)
 FENCE = re.compile(r"^(```+)")
 
 
