@@ -14,15 +14,17 @@ import pytest
 import torch
 from torch import nn
 
-pytest.importorskip("torchao", reason="FP8 needs the [fp8] extra (CI installs it)")
+from scaletrain.config import ConfigError, resolve
+from scaletrain.model.build import build_model
 
+# Imported first: it quiets torchao's import-time log lines. Without the [fp8] extra the module is skipped (CI
+# installs the extra, so there these tests always run).
+fp8 = pytest.importorskip("scaletrain.model.fp8", reason="FP8 needs the [fp8] extra (torchao)")
+Float8Linear, Float8LoraLinear, convert_to_float8 = fp8.Float8Linear, fp8.Float8LoraLinear, fp8.convert_to_float8
+float8_config, float8_linears, fp8_supported, recipe_name = (fp8.float8_config, fp8.float8_linears, fp8.fp8_supported,
+                                                             fp8.recipe_name)
 from torchao.float8 import ScalingGranularity  # noqa: E402
 from torchao.float8.float8_linear import Float8Linear as TorchaoFloat8Linear  # noqa: E402
-
-from scaletrain.config import ConfigError, resolve  # noqa: E402
-from scaletrain.model.build import build_model  # noqa: E402
-from scaletrain.model.fp8 import (Float8Linear, Float8LoraLinear, convert_to_float8, float8_config,  # noqa: E402
-                                  float8_linears, fp8_supported, recipe_name)
 
 
 def _rel(a, b):
