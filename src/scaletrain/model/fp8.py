@@ -19,12 +19,15 @@ Hand-written here, because torchao lacks it:
   under CPU autocast it would quantize the fp32 activations (and autocast would re-cast its FP8 operands);
   `Float8Linear` casts the input to the autocast dtype and runs torchao's GEMMs with autocast off, which is what
   torchao does on CUDA, so one process (autocast) quantizes the same bf16 inputs as FSDP's bf16 parameters do.
+  parallel/tensor_parallel.py does the same for torchao's PrepareFloat8ModuleInput (`_prepare_float8_input`).
 - LoRA: torchao swaps a module for a new Float8Linear and knows nothing of an adapter; `Float8LoraLinear` puts the
   sibling adapter back (model/lora.py), so the frozen base GEMM runs in FP8 and the adapter stays bf16.
 - collectives on CPU: torchao all-gathers FP8 tensor-parallel inputs as float8 tensors, which gloo rejects
   ("Invalid scalar type"); for CPU tensors the same bytes go as uint8 (`_gather_fp8_bytes_on_cpu`, waited at once).
   CUDA tensors keep torchao's asynchronous float8 all-gather.
-The former hand-written GEMMs, quantizers and delayed (amax-history) scaling are gone: torchao has dynamic
+Not covered (torchao has no knob for it): activation amaxes are reduced over the tensor-parallel group only, so
+under context parallelism each rank scales its own sequence chunk, as data-parallel ranks scale their own
+micro-batches. The former hand-written GEMMs, quantizers and delayed (amax-history) scaling are gone: torchao has dynamic
 scaling only, and its tensorwise recipe is what "current" scaling was.
 """
 
