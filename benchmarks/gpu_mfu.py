@@ -53,7 +53,7 @@ from scaletrain.train.host import peak_memory_gib, setup_cpu
 from scaletrain.train.optim import build_optimizer
 
 try:  # written concurrently; without it the script still runs and reports FP8 as unavailable
-    from scaletrain.model.fp8 import Float8Recipe, convert_to_float8, fp8_supported
+    from scaletrain.model.fp8 import convert_to_float8, fp8_supported
     FP8_ERROR = None
 except ImportError as exc:
     FP8_ERROR = f"scaletrain.model.fp8 not importable: {exc}"
@@ -230,7 +230,7 @@ def build(cfg, device: torch.device) -> GPT:
 
 
 def to_fp8(model: GPT, skip_first_last: bool) -> int:
-    return convert_to_float8(model, Float8Recipe(scaling="current"), skip_first_last=skip_first_last)
+    return convert_to_float8(model, "tensorwise", skip_first_last=skip_first_last)
 
 
 def train_row(name, preset, sets, mbs, fp8, skip, device, z: Sizes, compile_blocks: bool) -> dict:

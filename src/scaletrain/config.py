@@ -8,6 +8,7 @@ for everything a run does.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -173,9 +174,9 @@ class TrainConfig:
     compile: bool = False
     """Wrap each block in torch.compile."""
     fp8: bool = False
-    """FP8 GEMMs for the transformer-block linears (Hopper+; emulated elsewhere); first and last blocks, embedding and head stay bf16"""
-    fp8_recipe: str = "current"
-    """FP8 scaling: "current" (per-tensor amax of this step) or "delayed" (amax history, Transformer Engine style)"""
+    """FP8 GEMMs for the transformer-block linears via torchao.float8 (the [fp8] extra; Ada/Hopper+, emulated elsewhere); first and last blocks, embedding and head stay bf16"""
+    fp8_recipe: str = "tensorwise"
+    """FP8 scaling (torchao recipe): "tensorwise" (one dynamic scale per tensor; FP8 TP and FSDP all-gathers) or "rowwise" (one per row); "current" = tensorwise"""
     progress: bool = True
     """Show a rich progress bar on an interactive terminal; off a terminal, or when false, print plain log lines."""
 
@@ -291,6 +292,39 @@ class Config:
         return self
 
 
+FP8_RECIPES = ("tensorwise", "rowwise", "current")
+"""train.fp8_recipe values: torchao's recipes, and "current" (the former name of tensorwise)."""
+
+
+def _fp8_problems(c: Config):
+    # FP8 GEMMs (torch._scaled_mm) need both dimensions of each operand a multiple of 16, per rank: the weight's
+    # (its tensor-parallel shard) and, for the weight-gradient GEMM, the token count, whose inner dimension it is.
+    m, p, t = c.model, c.parallel, c.train
+    if m.n_heads <= 0 or m.d_model % m.n_heads or p.tp <= 0 or p.cp <= 0:
+        return  # reported by the checks on those fields
+    head_dim = m.d_model // m.n_heads
+    dims = {
+        "model.d_model": (m.d_model, 1),
+        "model.d_model / parallel.tp": (m.d_model, p.tp),
+        "the qkv width (model.n_heads + 2 * key/value heads) * head dim / parallel.tp": (
+            (m.n_heads + 2 * m.kv_heads) * head_dim,
+            p.tp,
+        ),
+        "the MLP width (model.d_ff) / parallel.tp": (m.ffn_size, p.tp),
+        "the tokens per micro-batch and context rank (train.micro_batch_size * model.seq_len / parallel.cp)": (
+            t.micro_batch_size * m.seq_len,
+            p.cp,
+        ),
+    }
+    for what, (num, den) in dims.items():
+        if num % den == 0 and (num // den) % 16:
+            yield (
+                f"train.fp8: {what} = {num // den} is not a multiple of 16, which FP8 GEMMs (torch._scaled_mm, "
+                "torchao.float8) need; change the shape or train in bf16"
+            )
+            return
+
+
 def _problems(c: Config):
     yield from _io.nonfinite(c)  # no float field documents inf as meaningful
     m, t, o, b = c.model, c.train, c.optim, c.bench
@@ -324,12 +358,19 @@ def _problems(c: Config):
         )
     if t.dtype not in ("bf16", "fp32"):
         yield f"train.dtype={t.dtype!r}: must be 'bf16' or 'fp32'"
-    if t.fp8_recipe not in ("current", "delayed"):
-        yield f"train.fp8_recipe={t.fp8_recipe!r}: must be 'current' or 'delayed'"
+    if t.fp8_recipe == "delayed":
+        yield (
+            "train.fp8_recipe='delayed': removed with the move to torchao.float8, which has dynamic scaling only; "
+            "use 'tensorwise' (what 'current' was) or 'rowwise'"
+        )
+    elif t.fp8_recipe not in FP8_RECIPES:
+        yield f"train.fp8_recipe={t.fp8_recipe!r}: must be one of {list(FP8_RECIPES)}"
     if t.fp8 and t.dtype != "bf16":
         yield f"train.fp8 needs train.dtype='bf16' (got {t.dtype!r}): the FP8 GEMMs produce bf16"
-    if t.fp8 and c.parallel.tp > 1:
-        yield "train.fp8 with parallel.tp > 1 is not supported yet"
+    if t.fp8 and importlib.util.find_spec("torchao") is None:
+        yield "train.fp8 needs torchao, the [fp8] extra: pip install 'scaletrain[fp8]' (or torchao==0.18.0)"
+    if t.fp8:
+        yield from _fp8_problems(c)
     if t.device not in ("auto", "cpu", "cuda"):
         yield f"train.device={t.device!r}: must be 'auto', 'cpu' or 'cuda'"
     if c.data.format not in ("pretrain", "sft"):

@@ -1,68 +1,130 @@
-"""FP8 GEMMs for the transformer-block linears: `torch._scaled_mm` on Hopper+, a faithful emulation elsewhere.
+"""FP8 training of the transformer-block linears through `torchao.float8` (the optional `[fp8]` extra).
 
-`convert_to_float8(model, recipe)` turns the `nn.Linear`s inside `model.blocks` into `Float8Linear` in place by
-swapping the class (as LoRA does), so parameters keep their objects and names: init, FSDP, DCP/HF checkpoints
-and the optimizer see the same model. Blocks 0 and n-1, the embedding and the head stay bf16 (the layers most
-sensitive to quantization, as in NVIDIA's and torchao's recipes).
+`convert_to_float8(model, recipe)` runs torchao's `convert_to_float8_training` on the plain model (before tensor
+parallelism, like torchtitan), limited to the `nn.Linear`s inside `model.blocks`: blocks 0 and n-1, the
+embedding and the output layer stay bf16 (the layers most sensitive to quantization). Parameters keep their names
+and stay high-precision tensors (torchao casts them to FP8 per GEMM), so init, checkpoints and the optimizer see
+the same model. Recipes map `train.fp8_recipe` onto torchao's:
+  "tensorwise"  one dynamic scale per tensor, e4m3 for inputs and weights, e5m2 for gradients (cuBLAS tensorwise
+                kernel); "current" is its former name and still accepted
+  "rowwise"     one dynamic scale per row, e4m3 throughout, power-of-two scales (CUTLASS rowwise kernel)
+Tensor parallelism uses torchao's Float8ColwiseParallel / Float8RowwiseParallel / PrepareFloat8ModuleInput
+(parallel/tensor_parallel.py) and FSDP2 gathers weights in FP8 with scales precomputed after each optimizer step
+(`precompute_fp8_scales`); both exist for tensorwise scaling only, torchao's constraint, so rowwise runs with the
+plain bf16 styles and all-gathers. Off FP8 hardware (CPU, pre-Ada GPUs) torchao's emulation runs the same casts
+and dequantized fp32 matmuls (`emulate=True`).
 
-Per GEMM, with per-tensor scales `s = fp8_max / (amax * 2**margin)`:
-  forward  y  = x @ W^T     x, W in e4m3 (range for activations/weights), bf16 out, bias added in bf16
-  backward dx = g @ W       g in e5m2 (gradients need range more than precision), W reused from forward
-           dW = g^T @ x     x reused from forward: x and W are saved in fp8 (half bf16's activation memory)
-"current" scaling takes amax of the tensor at hand; "delayed" (Transformer Engine) takes the max over the last
-`amax_history` amaxes, recorded in non-persistent buffers (not in state_dict, so checkpoints of existing runs and
-DCP are unaffected), and uses the current amax only while the history is empty. Values beyond the scaled range
-saturate to +-fp8_max (delayed scaling can lag a growing amax), never inf/NaN.
-
-Real path: `torch._scaled_mm(a, b, scale_a=, scale_b=, out_dtype=, use_fast_accum=)` (same schema in torch 2.4
-through 2.13; the scales are the *dequantization* factors 1/s). cuBLASLt wants A row-major, B column-major and
-every dimension a multiple of 16; a call whose shapes do not fit (a tiny model, an odd token count) falls back
-to emulation for that call only. Emulation quantizes with the same scales and saturation, multiplies the fp8
-values (exact in fp32) with an fp32 accumulator and applies 1/(s_a*s_b) afterwards: what the tensor core
-computes, up to accumulation order (and fast accumulation in the forward GEMM on Hopper).
+Hand-written here, because torchao lacks it:
+- autocast off CUDA: torchao's Float8Linear casts its input to the autocast dtype under CUDA autocast only, so
+  under CPU autocast it would quantize the fp32 activations (and autocast would re-cast its FP8 operands);
+  `Float8Linear` casts the input to the autocast dtype and runs torchao's GEMMs with autocast off, which is what
+  torchao does on CUDA, so one process (autocast) quantizes the same bf16 inputs as FSDP's bf16 parameters do.
+  parallel/tensor_parallel.py does the same for torchao's PrepareFloat8ModuleInput (`_prepare_float8_input`).
+- LoRA: torchao swaps a module for a new Float8Linear and knows nothing of an adapter; `Float8LoraLinear` puts the
+  sibling adapter back (model/lora.py), so the frozen base GEMM runs in FP8 and the adapter stays bf16.
+- collectives on CPU: torchao all-gathers FP8 tensor-parallel inputs as float8 tensors, which gloo rejects
+  ("Invalid scalar type"); for CPU tensors the same bytes go as uint8 (`_gather_fp8_bytes_on_cpu`, waited at once).
+  CUDA tensors keep torchao's asynchronous float8 all-gather.
+Not covered (torchao has no knob for it): activation amaxes are reduced over the tensor-parallel group only, so
+under context parallelism each rank scales its own sequence chunk, as data-parallel ranks scale their own
+micro-batches. The former hand-written GEMMs, quantizers and delayed (amax-history) scaling are gone: torchao has dynamic
+scaling only, and its tensorwise recipe is what "current" scaling was.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
-import types
-from dataclasses import dataclass
+import logging
 from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
 
 from scaletrain.log import get_logger
+from scaletrain.model.lora import LoraLinear
+
+
+@contextlib.contextmanager
+def _quiet_import():
+    # Import-time noise on every FP8 run's stderr that the user can do nothing about: torch 2.13 logs a deprecation
+    # when torchao registers an Enum as a pytree constant, and torchao logs each CUDA-only kernel library it cannot
+    # load on a CPU-only torch (FP8 training needs none of them).
+    loggers = [logging.getLogger(name) for name in ("torch.utils._pytree", "torchao")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+with _quiet_import():  # ImportError without the [fp8] extra: callers report it
+    from torchao.float8.float8_linear import Float8Linear as _TorchaoFloat8Linear
+
+
+def _gather_fp8_bytes_on_cpu() -> None:
+    """Route torchao's FP8 all-gathers of CPU tensors through uint8 (gloo has no float8 dtypes); see the docstring."""
+    from torchao.float8 import float8_ops
+    from torchao.float8.float8_training_tensor import Float8TrainingTensor
+
+    table = float8_ops.FLOAT8_OPS_TABLE
+    for op in (torch.ops.c10d_functional.all_gather_into_tensor, torch.ops._c10d_functional.all_gather_into_tensor):
+        torchao_impl = table[op.default]
+        if getattr(torchao_impl, "_scaletrain_cpu", False):
+            continue
+
+        def gather(aten_op, args, kwargs=None, _torchao_impl=torchao_impl):
+            t = args[0]
+            if t._data.device.type != "cpu":  # NCCL moves float8 itself, asynchronously
+                return _torchao_impl(aten_op, args, kwargs)
+            out = aten_op(t._data.contiguous().view(torch.uint8), *args[1:], **(kwargs or {}))
+            # Waited here: the pending result is a uint8 tensor, and its float8 view would not be the one waited on.
+            out = torch.ops._c10d_functional.wait_tensor(out).view(t._data.dtype)
+            return Float8TrainingTensor(out, t._scale, t._orig_dtype, t._linear_mm_config, t._gemm_input_role)
+
+        gather._scaletrain_cpu = True  # type: ignore[attr-defined]
+        table[op.default] = gather
+
+
+_gather_fp8_bytes_on_cpu()
 
 if TYPE_CHECKING:
+    from torchao.float8 import Float8LinearConfig
+
     from scaletrain.model.build import Decoder
 
 log = get_logger(__name__)
 
-E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
-_EPS = 1e-12  # amax floor: an all-zero tensor gets a finite scale
+RECIPES = ("tensorwise", "rowwise")
+"""torchao recipe names train.fp8_recipe accepts (besides the alias "current")."""
+ALIASES = {"current": "tensorwise"}
+"""Former recipe names that still work: per-tensor scaling from this call's amax is torchao's tensorwise."""
 
 
-@dataclass
-class Float8Recipe:
-    scaling: str = "current"
-    """"current" (per-tensor amax of this call) or "delayed" (max over the amax history)."""
-    amax_history: int = 16
-    """Delayed scaling: window of past amaxes; the scale comes from the max over it."""
-    margin: int = 0
-    """scale = fp8_max / (amax * 2**margin): headroom against amax growth."""
-    emulate: bool | None = None
-    """None: real FP8 GEMMs where fp8_supported(device), emulation otherwise; True/False force one path."""
+class Float8Linear(_TorchaoFloat8Linear):
+    """torchao's Float8Linear that also honours autocast off CUDA (see the module docstring)."""
 
-    def __post_init__(self):
-        if self.scaling not in ("current", "delayed"):
-            raise ValueError(f"Float8Recipe.scaling={self.scaling!r}: must be 'current' or 'delayed'")
-        if self.amax_history < 1 or self.margin < 0:
-            raise ValueError("Float8Recipe: amax_history must be >= 1 and margin >= 0")
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        dev = input.device.type
+        if dev != "cuda" and torch.is_autocast_enabled(dev):
+            with torch.autocast(dev, enabled=False):
+                return super().forward(input.to(torch.get_autocast_dtype(dev)))
+        return super().forward(input)
+
+
+class Float8LoraLinear(Float8Linear, LoraLinear):
+    """A LoRA-wrapped linear whose frozen base GEMM runs in FP8; the sibling adapter stays in bf16."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return Float8Linear.forward(self, input) + self._lora_adapter(input)
 
 
 def fp8_supported(device) -> bool:
-    """True on a CUDA device of compute capability >= 8.9 (Ada, Hopper, Blackwell) with torch._scaled_mm."""
+    """True on a CUDA device of compute capability >= 8.9 (Ada, Hopper, Blackwell): real FP8 GEMMs there."""
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available() or not hasattr(torch, "_scaled_mm"):
         return False
@@ -76,191 +138,103 @@ def _capability(index):
     return torch.cuda.get_device_capability(index)
 
 
-def amax_to_scale(amax: torch.Tensor, fp8_dtype: torch.dtype, margin: int = 0) -> torch.Tensor:
-    """fp32 scale mapping |x| <= amax onto the fp8 range: fp8_max / (amax * 2**margin)."""
-    return torch.finfo(fp8_dtype).max / (amax.float().clamp(min=_EPS) * 2.0**margin)
+def recipe_name(recipe: str) -> str:
+    """The torchao recipe of a train.fp8_recipe value (aliases resolved); ValueError for an unknown one."""
+    name = ALIASES.get(recipe, recipe)
+    if name not in RECIPES:
+        raise ValueError(f"FP8 recipe {recipe!r}: must be one of {RECIPES} (or 'current', an alias of 'tensorwise')")
+    return name
 
 
-def quantize(t: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
-    """t * scale in fp8, saturating at +-fp8_max (a plain cast gives inf for e5m2 and may give NaN on CUDA)."""
-    fmax = torch.finfo(fp8_dtype).max
-    return (t.float() * scale).clamp(-fmax, fmax).to(fp8_dtype)
+def float8_config(recipe: str, emulate: bool, fsdp_all_gather: bool = False) -> Float8LinearConfig:
+    """torchao's Float8LinearConfig for `recipe`; FP8 all-gather under FSDP2 only where torchao has it (tensorwise)."""
+    from torchao.float8 import Float8LinearConfig
+
+    config = Float8LinearConfig.from_recipe_name(recipe_name(recipe))
+    return dataclasses.replace(
+        config, emulate=emulate, enable_fsdp_float8_all_gather=fsdp_all_gather and recipe_name(recipe) == "tensorwise"
+    )
 
 
-def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """q / scale in `dtype`."""
-    return (q.float() / scale).to(dtype)
+def is_tensorwise(module: nn.Module) -> bool:
+    """True for a Float8Linear whose input, weight and gradient casts are all per-tensor (torchao's TP styles)."""
+    from torchao.float8 import ScalingGranularity
+
+    if not isinstance(module, _TorchaoFloat8Linear):
+        return False
+    c = module.config
+    casts = (c.cast_config_input, c.cast_config_weight, c.cast_config_grad_output)
+    return all(cc.scaling_granularity is ScalingGranularity.TENSORWISE for cc in casts)
 
 
-def _fits_scaled_mm(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.is_cuda and all(d % 16 == 0 for d in (*a.shape, b.shape[1]))
-
-
-def _gemm(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    scale_a: torch.Tensor,
-    scale_b: torch.Tensor,
-    out_dtype: torch.dtype,
-    real: bool,
-    fast_accum: bool,
-) -> torch.Tensor:
-    """(a/scale_a) @ (b/scale_b) for fp8 a [M, K], b [K, N], in out_dtype; real FP8 GEMM when asked and it fits."""
-    if real and (_fits_scaled_mm(a, b) or not a.is_cuda):
-        return torch._scaled_mm(
-            a.contiguous(),
-            b.t().contiguous().t(),
-            scale_a=scale_a.reciprocal().reshape(()),
-            scale_b=scale_b.reciprocal().reshape(()),
-            out_dtype=out_dtype,
-            use_fast_accum=fast_accum,
-        )
-    return ((a.float() @ b.float()) * (scale_a * scale_b).reciprocal()).to(out_dtype)
-
-
-class _Float8Matmul(torch.autograd.Function):
-    """x2d [M, K] @ weight^T [K, N] with all three GEMMs in fp8; `mod` holds the recipe and amax history."""
-
-    @staticmethod
-    def forward(ctx, x, weight, mod, out_dtype, real):
-        with torch.autocast(x.device.type, enabled=False):  # the dtypes here are chosen, not autocast's
-            sx, sw = mod._scale("x", x, E4M3), mod._scale("w", weight, E4M3)
-            xq, wq = quantize(x, sx, E4M3), quantize(weight, sw, E4M3)
-            out = _gemm(xq, wq.t(), sx, sw, out_dtype, real, fast_accum=True)
-        ctx.save_for_backward(xq, wq, sx, sw)
-        ctx.mod, ctx.real, ctx.dtypes = mod, real, (x.dtype, weight.dtype)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        xq, wq, sx, sw = ctx.saved_tensors
-        dx = dw = None
-        with torch.autocast(grad.device.type, enabled=False):
-            sg = ctx.mod._scale("g", grad, E5M2)
-            gq = quantize(grad.reshape(-1, grad.shape[-1]), sg, E5M2)
-            if ctx.needs_input_grad[0]:
-                dx = _gemm(gq, wq, sg, sw, grad.dtype, ctx.real, fast_accum=False).to(ctx.dtypes[0])
-            if ctx.needs_input_grad[1]:  # a frozen (LoRA base) weight skips its GEMM
-                w_dtype = ctx.dtypes[1] if ctx.dtypes[1] in (torch.float32, torch.bfloat16) else torch.float32
-                dw = _gemm(gq.t(), xq, sg, sx, w_dtype, ctx.real, fast_accum=False).to(ctx.dtypes[1])
-        return dx, dw, None, None, None
-
-
-class Float8Linear(nn.Linear):
-    """nn.Linear whose GEMMs run in FP8 (see the module docstring); same parameters and state_dict."""
-
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        bias: bool = True,
-        device=None,
-        dtype=None,
-        recipe: Float8Recipe | None = None,
-    ):
-        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
-        self._init_fp8(recipe or Float8Recipe())
-
-    def _init_fp8(self, recipe: Float8Recipe) -> None:
-        self.fp8_recipe = recipe
-        n = recipe.amax_history if recipe.scaling == "delayed" else 1
-        for kind in ("x", "w", "g"):  # most recent amax first; zeros = no history yet
-            self.register_buffer(f"fp8_amax_{kind}", torch.zeros(n, device=self.weight.device), persistent=False)
-
-    def reset_fp8_state(self) -> None:
-        """Forget the amax history (a cold start: the trainer's reset after warm-up calls this via init_weights)."""
-        for kind in ("x", "w", "g"):
-            getattr(self, f"fp8_amax_{kind}").zero_()
-
-    @torch.no_grad()
-    def _scale(self, kind: str, t: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
-        amax = t.abs().amax().float()
-        hist = getattr(self, f"fp8_amax_{kind}")
-        use = amax
-        if self.fp8_recipe.scaling == "delayed":
-            prev = hist.max()
-            use = torch.where(prev > 0, prev, amax)  # no sync: the first call falls back to the current amax
-        if self.training:  # evaluation must not shift the training run's scales
-            if hist.numel() > 1:
-                hist.copy_(torch.roll(hist, 1))
-            hist[0] = amax
-        return amax_to_scale(use, fp8_dtype, self.fp8_recipe.margin)
-
-    def _use_real(self, device: torch.device) -> bool:
-        emulate = self.fp8_recipe.emulate
-        return fp8_supported(device) if emulate is None else not emulate
-
-    def _fp8_linear(self, x: torch.Tensor) -> torch.Tensor:
-        dev = x.device.type
-        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-        out = _Float8Matmul.apply(x.reshape(-1, x.shape[-1]), self.weight, self, out_dtype, self._use_real(x.device))
-        out = out.reshape(*x.shape[:-1], self.out_features)
-        return out if self.bias is None else out + self.bias.to(out.dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._fp8_linear(x)
-
-    def extra_repr(self) -> str:
-        r = self.fp8_recipe
-        return f"{super().extra_repr()}, fp8={r.scaling}" + (f"(h{r.amax_history})" if r.scaling == "delayed" else "")
-
-
-def _lora_class():
-    from scaletrain.model.lora import LoraLinear
-
-    class Float8LoraLinear(Float8Linear, LoraLinear):
-        """A LoRA-wrapped linear whose frozen base GEMM runs in FP8; the adapter stays in bf16."""
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self._fp8_linear(x) + self._lora_adapter(x)
-
-    return Float8LoraLinear
-
-
-Float8LoraLinear = _lora_class()
-
-
-def _init_weights_and_fp8_state(self, seed: int = 0) -> None:
-    # Bound per instance: the trainer's init and its reset after warm-up (part.init_weights) also clear the
-    # amax histories, so warm-up leaves no trace and meta-built buffers (to_empty: garbage) start at zero.
-    # The wrapped init (LoRA binds its own) is kept as a bound method so deepcopy rebinds it to the copy.
-    orig = self.__dict__["_fp8_wrapped_init"]
-    orig(seed) if orig is not None else type(self).init_weights(self, seed)
-    for m in self.modules():
-        if isinstance(m, Float8Linear):
-            m.reset_fp8_state()
-
-
-def convert_to_float8(model: nn.Module, recipe: Float8Recipe, skip_first_last: bool = True) -> int:
-    """Make the nn.Linear modules inside `model.blocks` Float8Linear in place; return how many were converted.
+def convert_to_float8(
+    model: nn.Module,
+    recipe: str = "tensorwise",
+    *,
+    emulate: bool | None = None,
+    fsdp_all_gather: bool = False,
+    skip_first_last: bool = True,
+) -> int:
+    """Make the nn.Linear modules inside `model.blocks` FP8 (torchao) in place; return how many were converted.
 
     Works on a GPT, a Llama or a pipeline stage of either (blocks keep their global index, so "first" and "last"
-    are blocks 0 and cfg.n_layers-1 of the whole model). LoRA-wrapped linears get an FP8 base GEMM; other Linear
-    subclasses and tensor-parallel (DTensor) weights are left alone with a warning. Call before activation
-    checkpointing, compile and FSDP.
+    are blocks 0 and cfg.n_layers-1 of the whole model), on any device including meta. LoRA-wrapped linears get
+    an FP8 base GEMM and keep their bf16 adapter; other Linear subclasses are left alone with a warning.
+    `emulate` None: emulate unless the model's device has FP8 GEMMs. Call on the plain model, before tensor
+    parallelism, activation checkpointing, compile and FSDP (`fsdp_all_gather`: the model will be fully_shard-ed).
     """
-    from scaletrain.model.lora import LoraLinear
+    from torchao.float8 import convert_to_float8_training
 
     blocks = cast("Decoder", model).blocks
     n_layers = getattr(getattr(model, "cfg", None), "n_layers", None) or len(blocks)
     skip = {"0", str(n_layers - 1)} if skip_first_last else set()
-    converted, skipped = 0, []
-    for bname, block in blocks.items():
-        if bname in skip:
-            continue
-        for name, m in block.named_modules():
-            if not isinstance(m, nn.Linear) or isinstance(m, Float8Linear):
-                continue
-            if type(m) not in (nn.Linear, LoraLinear) or type(m.weight).__name__ == "DTensor":
-                skipped.append(f"blocks.{bname}.{name}")
-                continue
-            m.__class__ = Float8LoraLinear if isinstance(m, LoraLinear) else Float8Linear
-            cast(Float8Linear, m)._init_fp8(recipe)  # the class swap above made it one
-            converted += 1
+    if emulate is None:
+        emulate = not fp8_supported(next(model.parameters()).device)
+    adapters, skipped = {}, []
+
+    def wanted(mod: nn.Module, fqn: str) -> bool:
+        parts = fqn.split(".")
+        if len(parts) < 3 or parts[0] != "blocks" or parts[1] in skip or isinstance(mod, _TorchaoFloat8Linear):
+            return False
+        if type(mod) not in (nn.Linear, LoraLinear):
+            skipped.append(fqn)
+            return False
+        if isinstance(mod, LoraLinear):
+            adapters[fqn] = mod._lora_adapter
+        return True
+
+    before = set(float8_linears(model))
+    convert_to_float8_training(model, module_filter_fn=wanted, config=float8_config(recipe, emulate, fsdp_all_gather))
+    new = [fqn for fqn in float8_linears(model) if fqn not in before]
+    for fqn in new:
+        module = model.get_submodule(fqn)
+        if fqn in adapters:
+            module.__class__ = Float8LoraLinear
+            module.__dict__["_lora_adapter"] = adapters[fqn]  # a plain reference, as apply_lora sets it
+        else:
+            module.__class__ = Float8Linear  # a subclass that adds no state: see the module docstring
     if skipped:
-        log.warning(f"convert_to_float8: left in high precision (unsupported kind): {', '.join(skipped)}")
-    if converted and hasattr(type(model), "init_weights") and "_fp8_wrapped_init" not in model.__dict__:
-        model.__dict__["_fp8_wrapped_init"] = model.__dict__.get("init_weights")
-        # torch stubs type Module.__setattr__ for tensors and modules only; a bound method is fine at run time.
-        model.init_weights = types.MethodType(_init_weights_and_fp8_state, model)  # type: ignore[assignment]
-    return converted
+        log.warning(f"convert_to_float8: left in high precision (unsupported kind): {', '.join(sorted(set(skipped)))}")
+    return len(new)
+
+
+def float8_linears(model: nn.Module) -> list[str]:
+    """FQNs of the FP8 linears of `model`."""
+    return [n for n, m in model.named_modules() if isinstance(m, _TorchaoFloat8Linear)]
+
+
+def precompute_fp8_scales(parts: list[nn.Module], trainable_only: bool = False) -> None:
+    """Recompute the FP8 all-gather scales of FSDP2-sharded FP8 weights (one all-reduce); no-op without any.
+
+    Call after every change of the weights (optimizer step, init, checkpoint load): FSDP casts each weight shard
+    to FP8 with this precomputed scale before gathering it, and a stale scale would clip or waste range.
+    `trainable_only`: skip parts whose FP8 weights are all frozen (a LoRA base: its scales never change).
+    """
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    for part in parts:
+        linears = [m for m in part.modules() if isinstance(m, _TorchaoFloat8Linear)]
+        if trainable_only and not any(m.weight.requires_grad for m in linears):
+            continue
+        if linears:
+            precompute_float8_dynamic_scale_for_fsdp(part)

@@ -2,7 +2,10 @@
 
 FSDP units: one per transformer block, then the root, which holds the embedding, the final LayerNorm and the
 tied output layer (one unit, so the tied matrix is gathered once and its two gradient contributions are summed
-before the reduce-scatter). With bf16 training FSDP gathers bf16 parameters and reduces gradients in fp32.
+before the reduce-scatter). With bf16 training FSDP gathers bf16 parameters and reduces gradients in fp32. FP8
+linears with tensorwise scaling (model/fp8.py, converted with `fsdp_all_gather`) carry torchao's weight subclass,
+so their shards are cast to FP8 before the all-gather (half the bytes) with scales the trainer precomputes after
+each optimizer step (`precompute_fp8_scales`); torchao has this for tensorwise scaling only.
 """
 
 from __future__ import annotations

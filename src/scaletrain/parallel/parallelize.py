@@ -1,6 +1,7 @@
 """Build this rank's part of the model for a layout: meta build, pipeline cut, then TP, CP, AC, compile, FSDP/DDP.
 
-The order is torchtitan's: tensor parallelism first (it rewrites parameters into DTensors on the tp mesh), then
+The order is torchtitan's: module swaps on the plain model first (LoRA adapters, FP8 linears), tensor parallelism
+next (it rewrites parameters into DTensors on the tp mesh), then
 context parallelism (swaps the attention core), activation checkpointing (wraps blocks), per-block
 torch.compile, and data parallelism last (FSDP shards whatever the earlier steps produced). Only then is memory
 allocated, shard by shard, and filled by the layout-independent init, so no rank ever holds the full model.
@@ -71,12 +72,19 @@ def build_meta_parts(cfg: Config, layout: Layout, pp_rank: int) -> tuple[list[nn
 
 
 def parallelize_part(part: nn.Module, cfg: Config, layout: Layout, mesh) -> None:
-    """Apply LoRA, TP, CP, FP8, activation checkpointing, compile and data parallelism to one part, in that order."""
+    """Apply LoRA, FP8, TP, CP, activation checkpointing, compile and data parallelism to one part, in that order."""
     if cfg.lora.rank > 0:
         # A structure change, so first (torchtitan's order); freezes every non-adapter parameter.
         from scaletrain.model.lora import apply_lora
 
         apply_lora(part, cfg.lora)
+    if cfg.train.fp8:
+        # On the plain (or LoRA) linears, before TP rewrites their weights (torchtitan's order); tensor parallelism
+        # then picks torchao's FP8 styles for them, and FSDP gathers their weights in FP8 where torchao can.
+        from scaletrain.model.fp8 import convert_to_float8
+
+        fsdp = mesh is not None and layout.data_parallel_kind in ("fsdp", "hsdp")
+        convert_to_float8(part, cfg.train.fp8_recipe, emulate=_emulate_fp8(cfg), fsdp_all_gather=fsdp)
     if mesh is not None and layout.tp > 1:
         apply_tensor_parallel(part, mesh["tp"], layout.sequence_parallel)
         if cfg.lora.rank > 0:
@@ -87,11 +95,6 @@ def parallelize_part(part: nn.Module, cfg: Config, layout: Layout, mesh) -> None
         from scaletrain.parallel.context_parallel import apply_context_parallel
 
         apply_context_parallel(part, mesh["cp"])
-    if cfg.train.fp8:
-        # A module-class swap on the plain (or LoRA) linears: before AC/compile/FSDP wrap them, like LoRA.
-        from scaletrain.model.fp8 import Float8Recipe, convert_to_float8
-
-        convert_to_float8(part, Float8Recipe(scaling=cfg.train.fp8_recipe))
     apply_activation_checkpoint(part, cfg.parallel.activation_checkpoint)
     if cfg.train.compile:
         blocks = cast("Decoder", part).blocks
@@ -106,6 +109,17 @@ def parallelize_part(part: nn.Module, cfg: Config, layout: Layout, mesh) -> None
     dp_mesh = mesh["dp_shard_cp"] if kind == "fsdp" else mesh[("dp_replicate", "dp_shard_cp")]
     param_dtype = torch.bfloat16 if cfg.train.dtype == "bf16" else None
     apply_fsdp(part, dp_mesh, param_dtype, cfg.parallel.fsdp_reshard_after_forward)
+
+
+def _emulate_fp8(cfg: Config) -> bool:
+    """Whether FP8 GEMMs are emulated (CPU, pre-Ada GPUs): decided from the device the run trains on, since the
+    model is converted on the meta device."""
+    from scaletrain.model.fp8 import fp8_supported
+
+    dev = cfg.train.device
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    return not fp8_supported(torch.device(dev, 0) if dev == "cuda" else dev)
 
 
 def parallelize(

@@ -9,6 +9,7 @@ vocabulary-sharded logits that `loss_parallel()` consumes without ever gathering
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, cast
 
 from torch import nn
@@ -42,6 +43,64 @@ def ReplicateParallel() -> ParallelStyle:
     return _Style()
 
 
+def _fp8_styles(linear: nn.Module) -> bool:
+    """Whether `linear` takes torchao's FP8 styles: a tensorwise FP8 linear without a LoRA adapter.
+
+    Those styles cast the module input to FP8 before the sequence-parallel all-gather, so the gather moves FP8
+    bytes; a LoRA adapter must see the bf16 input, and torchao has them for tensorwise scaling only. Other FP8
+    linears (rowwise, LoRA bases) take the plain styles and cast inside their own forward.
+    """
+    from scaletrain.model.lora import LoraLinear
+
+    fp8 = sys.modules.get("scaletrain.model.fp8")  # not loaded: no FP8 linears (and torchao may be absent)
+    return fp8 is not None and not isinstance(linear, LoraLinear) and fp8.is_tensorwise(linear)
+
+
+def _prepare_float8_input(**kwargs) -> ParallelStyle:
+    """torchao's PrepareFloat8ModuleInput, casting to the autocast dtype before quantizing.
+
+    torchao quantizes whatever arrives: under autocast that is the fp32 norm output, while the same linear without
+    tensor parallelism (model/fp8.py's Float8Linear) and FSDP's bf16 parameters quantize bf16 activations.
+    Casting first keeps one rounding path for every layout (measured: TP2 FP8 runs moved ~1e-3 in loss without it).
+    """
+    import torch
+    from torchao.float8.float8_tensor_parallel import PrepareFloat8ModuleInput
+
+    class _Prepare(PrepareFloat8ModuleInput):
+        def _prepare_input_arg(self, input, mesh, input_layout, desired_layout):
+            if isinstance(input, torch.Tensor) and torch.is_autocast_enabled(input.device.type):
+                input = input.to(torch.get_autocast_dtype(input.device.type))
+            return super()._prepare_input_arg(input, mesh, input_layout, desired_layout)
+
+    return _Prepare(**kwargs)
+
+
+def _sublayer_plan(block: nn.Module, sub: str, col: str, row: str, residual) -> dict[str, ParallelStyle]:
+    """Styles of `sub` (attn or mlp: input layout change, a column- then a row-parallel linear) of one block."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+
+    sublayer = block.get_submodule(sub)
+    plan: dict[str, ParallelStyle] = {}
+    if _fp8_styles(sublayer.get_submodule(col)):
+        from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel
+
+        plan[sub] = _prepare_float8_input(
+            input_layouts=(residual,), desired_input_layouts=(Replicate(),), fwd_config_submodule_fqn=col
+        )
+        plan[f"{sub}.{col}"] = Float8ColwiseParallel()
+    else:
+        plan[sub] = PrepareModuleInput(input_layouts=(residual,), desired_input_layouts=(Replicate(),))
+        plan[f"{sub}.{col}"] = ColwiseParallel()
+    if _fp8_styles(sublayer.get_submodule(row)):
+        from torchao.float8.float8_tensor_parallel import Float8RowwiseParallel
+
+        plan[f"{sub}.{row}"] = Float8RowwiseParallel(output_layouts=residual)
+    else:
+        plan[f"{sub}.{row}"] = RowwiseParallel(output_layouts=residual)
+    return plan
+
+
 def apply_tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = True) -> None:
     """Shard `model` (a GPT or Llama, or a pipeline stage of one) over the 1-D `tp_mesh` in place.
 
@@ -49,13 +108,13 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = T
     up rows interleaved, see model/llama.py), so one plan fits both: its RMSNorms take the LayerNorms' place
     and its untied head is column-parallel like the tied one.
 
+    FP8 linears (model/fp8.py, converted before) take torchao's Float8 styles where they can (`_fp8_styles`).
     Keeps the output layer tied to the embedding when the module holds both. Inputs stay plain tensors:
     token ids replicated, hidden states between pipeline stages as each rank's local sequence shard (SP) or whole.
     """
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
-        PrepareModuleInput,
         PrepareModuleOutput,
         RowwiseParallel,
         SequenceParallel,
@@ -81,14 +140,9 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = T
         plan["head"] = ColwiseParallel(input_layouts=residual, output_layouts=Shard(-1), use_local_output=False)
     parallelize_module(model, tp_mesh, plan)
     for block in model.blocks.values():
-        block_plan = {
-            "attn": PrepareModuleInput(input_layouts=(residual,), desired_input_layouts=(Replicate(),)),
-            "attn.qkv": ColwiseParallel(),
-            "attn.proj": RowwiseParallel(output_layouts=residual),
-            "mlp": PrepareModuleInput(input_layouts=(residual,), desired_input_layouts=(Replicate(),)),
-            "mlp.fc": ColwiseParallel(),
-            "mlp.proj": RowwiseParallel(output_layouts=residual),
-        }
+        block_plan: dict[str, ParallelStyle] = {}
+        for sub, col, row in (("attn", "qkv", "proj"), ("mlp", "fc", "proj")):
+            block_plan.update(_sublayer_plan(block, sub, col, row, residual))
         if sequence_parallel:
             block_plan["ln1"] = SequenceParallel()
             block_plan["ln2"] = SequenceParallel()

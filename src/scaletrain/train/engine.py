@@ -158,6 +158,7 @@ class Trainer:
         if self.resume_path is not None:
             info = self.checkpointer.load(self.resume_path, self.pm.parts, self.optimizers)
             self.step = int(info["step"])
+        self._fp8_scales()  # after the last write to the weights before training (reset, init_from, resume)
         if self.rank == 0:
             self.metrics = MetricsLogger(
                 self.run_dir,
@@ -206,6 +207,7 @@ class Trainer:
             set_lr(opt, lr)
             opt.step()
             opt.zero_grad(set_to_none=True)
+        self._fp8_scales(trainable_only=True)
         self.step = step_number
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -439,6 +441,7 @@ class Trainer:
             for opt in self.optimizers:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+            self._fp8_scales(trainable_only=True)
         with torch.no_grad():
             for part in self.pm.parts:
                 part.eval()
@@ -446,6 +449,13 @@ class Trainer:
             self._end_eval()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def _fp8_scales(self, trainable_only: bool = False) -> None:
+        # FSDP2 gathers FP8 weights with scales computed once per weight update (torchao's recipe), not per gather.
+        if self.cfg.train.fp8 and self.layout.data_parallel_kind in ("fsdp", "hsdp"):
+            from scaletrain.model.fp8 import precompute_fp8_scales
+
+            precompute_fp8_scales(self.pm.parts, trainable_only)
 
     def _planned_steps(self) -> int:
         gbs = self.global_batch_size
