@@ -11,8 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from scaletrain import benchmarks
-from scaletrain.config import Config, ConfigError, describe, expand_field_flags, list_presets, resolve
+from scaletrain import benchmarks, config_io
+from scaletrain.config import Config, ConfigError, describe, list_presets, resolve
 from scaletrain.log import get_logger, setup_logging
 
 log = get_logger(__name__)
@@ -386,6 +386,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_parsers(sub)
     return parser
+
+
+def expand_field_flags(argv: list[str]) -> list[str]:
+    """`--section.field VALUE` -> `--set section.field=VALUE` for every field of the Config (config_io)."""
+    return config_io.expand_field_flags(argv, Config())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -175,3 +175,49 @@ def nonfinite(section: Any, prefix: str = ""):
             yield from nonfinite(value, f"{prefix}{f.name}.")
         elif isinstance(value, float) and not math.isfinite(value):
             yield f"{prefix}{f.name}={value}: must be a finite number"
+
+
+# ---------------------------------------------------------------- --section.field flags of the CLI
+_BOOL_WORDS = ("true", "false", "1", "0", "yes", "no")
+
+
+def field_kinds(section: Any, prefix: str = "") -> dict[str, type]:
+    """Dotted field name -> type of its default, for every field of every section of a config dataclass instance."""
+    kinds: dict[str, type] = {}
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            kinds.update(field_kinds(value, f"{prefix}{f.name}."))
+        else:
+            kinds[f"{prefix}{f.name}"] = type(value)
+    return kinds
+
+
+def expand_field_flags(argv: list[str], root: Any) -> list[str]:
+    """CLI argv: turn `--section.field VALUE` and `--section.field=VALUE` into `--set section.field=VALUE`.
+
+    So `torchrun ... -m scaletrain train --parallel.tp 2` reads like any other flag. Every section of `root` (a
+    Config) works; a boolean field given alone (`--train.compile`) means true, and takes the next
+    argument only when that is a boolean word, so it never swallows the next flag.
+    """
+    kinds = field_kinds(root)
+    sections = {name.split(".", 1)[0] for name in kinds if "." in name}
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        head = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
+        if "." in head and head.split(".", 1)[0] in sections:
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if "=" in arg:
+                out += ["--set", arg[2:]]
+            elif kinds.get(head) is bool and (nxt is None or nxt.lower() not in _BOOL_WORDS):
+                out += ["--set", f"{head}=true"]
+            elif nxt is not None and not nxt.startswith("--"):
+                out += ["--set", f"{head}={nxt}"]
+                i += 1
+            else:
+                raise ConfigError(f"{arg}: missing value")
+        else:
+            out.append(arg)
+        i += 1
+    return out
