@@ -8,6 +8,7 @@ on stderr and exit status 2. `train`/`bench` exit 0 when the run converged or us
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -394,37 +395,67 @@ def expand_field_flags(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `scaletrain` command."""
+    """Entry point of the `scaletrain` command (callable in-process: returns the exit code)."""
+    return _main(argv)[0]
+
+
+def entry() -> None:
+    """The console script and `python -m scaletrain` (what torchrun starts): main(), then exit.
+
+    After a distributed run the process leaves with os._exit once everything is written and the process groups
+    are destroyed: interpreter teardown can still meet a gloo worker thread releasing its last work object, which
+    needs the GIL while Python is finalizing and aborts the process ("terminate called without an active
+    exception", SIGABRT) after a run that succeeded -- seen once in CI on a 2-rank TP bench. Nothing is left to
+    flush by then but the standard streams and logging handlers, flushed here first.
+    """
+    code, distributed = _main(None)
+    if distributed:
+        import logging
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def _main(argv: list[str] | None) -> tuple[int, bool]:
+    """(exit code, whether this process was part of a process group)."""
     try:
         argv = expand_field_flags(list(sys.argv[1:] if argv is None else argv))
     except ConfigError as exc:
         log.error(str(exc))
-        return 2
+        return 2, False
     args = build_parser().parse_args(argv)
     try:
         setup_logging(args.log_ranks)
     except ValueError as exc:
         log.error(str(exc))
-        return 2
-    code = 1
+        return 2, False
+    code, clean = 1, False
     try:
         code = _run(args)
-        return code
+        clean = code in (0, 1)
     finally:
-        _leave_process_group(clean=code in (0, 1))
+        # After an exception the other ranks may never reach a barrier: leave without one.
+        distributed = _leave_process_group(clean)
+    return code, distributed
 
 
-def _leave_process_group(clean: bool) -> None:
+def _leave_process_group(clean: bool) -> bool:
+    """Destroy the process groups if this process joined one; True when it did."""
     if "torch" not in sys.modules:  # the simulator commands never import torch; don't pay for it at exit
-        return
+        return False
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        if clean:
-            # Rank 0 still checks logs and writes the summary; tearing gloo down on the other ranks meanwhile
-            # has aborted a process at exit ("terminate called without an active exception").
-            dist.barrier()
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    if clean:
+        # Rank 0 still checks logs and writes the summary; tearing gloo down on the other ranks meanwhile
+        # has aborted a process at exit ("terminate called without an active exception").
+        dist.barrier()
+    dist.destroy_process_group()
+    return True
 
 
 def _run(args) -> int:
@@ -461,4 +492,4 @@ def _run_sim(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
