@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from scaletrain.cli import main
 from scaletrain.config import resolve
 
@@ -44,3 +46,11 @@ def test_gpt3_mlperf_layout_with_fp8_fits_on_10752_h100(capsys):
     assert dry["degrees"] == {"pp": 8, "dp_replicate": 1, "dp_shard": 336, "cp": 1, "tp": 4}
     assert dry["fits"] and dry["max_memory_gib"] < dry["usable_memory_gib"]
     assert [r["stages"][:2] for r in dry["ranks"]] == [[0, 8], [7, 15]]  # 96 stages round-robin over 8 ranks
+    # `predict --from-config` prices the same layout with the same memory model (its in-flight micro-batches come
+    # from the simulated interleaved schedule, hence not to the last digit).
+    assert main(["predict", "--from-config", "--model", "gpt3-175b", "--json", *GPT3_RECORD[:4], *GPT3_RECORD[6:]]) == 0
+    pred = json.loads(capsys.readouterr().out)
+    lay = pred["layout"]
+    assert (lay["gpus"], lay["tp"], lay["pp"], lay["vp"], lay["dp"], lay["fp8"], lay["zero"]) == (
+        10752, 4, 8, 12, 336, True, 3)
+    assert pred["memory_gib_per_gpu"] == pytest.approx(dry["max_memory_gib"], rel=0.02)

@@ -107,8 +107,10 @@ def _sim_inputs(args):
 def cmd_predict(args) -> int:
     """Predict step time, throughput, MFU, memory and MLPerf time-to-train for one layout on one cluster."""
     if args.from_config:
-        # The layout as `scaletrain train` would run it: parallel.* and train.* fields of the config, at --gpus ranks.
-        w, layout = _sim_inputs(args)(load_config(args.model, tuple(args.set)), args.gpus)
+        # The layout as `scaletrain train --dry-run --world-size N` would run it: parallel.* and train.* fields of
+        # the config (FILE over the --model preset, then --set), at N ranks.
+        config_file = args.from_config if isinstance(args.from_config, str) else None
+        w, layout = _sim_inputs(args)(load_config(args.model, tuple(args.set), config_file), args.gpus)
     else:
         w, layout = load_workload(args.model, tuple(args.set)), _layout(args)
     p = predict(w, layout, args.gpu, args.node, args.fabric, args.calibration, catalog=load_catalog(args.catalog))
@@ -334,7 +336,7 @@ def add_parsers(sub) -> None:
             default="h100",
             help="a100, h100, h200, b200, b300, gb200, gb300, mi300x, mi325x, mi350x, mi355x or a catalog key",
         )
-        p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
+        p.add_argument("--gpus", "--world-size", dest="gpus", type=int, required=True, help="number of GPUs (= ranks)")
         p.add_argument("--node", help="node type (hgx-h100, nd-h200-v5, gb200-nvl72, hgx-b300, mi355x-oam, ...)")
         p.add_argument("--fabric", help="scale-out fabric (ib-ndr, ib-ndr-sharp, ib-xdr, ib-hdr, roce, roce-800)")
         p.add_argument("--calibration", help="fitted efficiency set: v3.0, v3.1, v4.0, v4.1 (default newest), measured")
@@ -374,9 +376,13 @@ def add_parsers(sub) -> None:
     common(p, True)
     p.add_argument(
         "--from-config",
-        action="store_true",
-        help="take the layout from the trainer config (--model preset, --set / --parallel.* / --train.* fields) "
-        "as `scaletrain train --dry-run --world-size GPUS` would run it (FSDP = ZeRO-3); layout flags are ignored",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="FILE",
+        help="take the layout from the trainer config: FILE (a run's config.json or a TOML, as `train --config` "
+        "reads it; optional) over the --model preset, then --set / --parallel.* / --train.* fields, as `scaletrain "
+        "train --dry-run --world-size N` would run it (FSDP/HSDP = ZeRO-3, DDP = ZeRO-0); layout flags are ignored",
     )
     p.set_defaults(func=cmd_predict)
     p = sub.add_parser("plan", help="search parallel layouts for a cluster", description=cmd_plan.__doc__)
