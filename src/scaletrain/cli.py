@@ -25,7 +25,9 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--preset", default=DEFAULT_PRESET, help=f"preset name ({', '.join(list_presets())}); default {DEFAULT_PRESET}"
     )
-    p.add_argument("--config", metavar="FILE", help="TOML file applied over the preset")
+    p.add_argument(
+        "--config", metavar="FILE", help="TOML file applied over the preset, or a run directory's config.json"
+    )
     p.add_argument(
         "--set",
         dest="overrides",

@@ -428,7 +428,8 @@ PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 def resolve(
     preset: str = "gpt3-proxy", config_file: str | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> Config:
-    """Build the one Config of a run: preset, then a TOML file, then --set overrides, then validate."""
+    """Build the one Config of a run: preset, then a file (TOML, or a run's config.json), then --set overrides,
+    then validate."""
     cfg = Config(preset=preset)
     if preset:
         _io.merge(cfg, preset_dict(preset), f"preset {preset}")
@@ -436,7 +437,7 @@ def resolve(
         path = Path(config_file)
         if not path.is_file():
             raise ConfigError(f"--config {config_file}: no such file")
-        _io.merge(cfg, _io.load_toml(path.read_text(), str(path)), str(path))
+        _io.merge(cfg, _io.load_config_file(path.read_text(), str(path)), str(path))
     for text in overrides:
         key, value = parse_override(text)
         _io.merge(cfg, _io.nest(key, value), f"--set {text}")
