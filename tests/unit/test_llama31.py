@@ -1,0 +1,94 @@
+"""Llama 3.1 (model.arch "llama31"): published parameter counts, rotary base and "llama3" frequency scaling, config
+validation of the rotary fields, and the dry run of its presets on H100 clusters."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from scaletrain.config import ConfigError, ModelConfig, resolve
+from scaletrain.model.build import build_model
+from scaletrain.model.flops import num_params
+from scaletrain.model.llama import Llama, Rope
+
+
+@pytest.mark.parametrize("preset,published", [("llama31-8b", 8_030_261_248), ("llama31-405b", 405_853_388_800)])
+def test_preset_parameter_counts_are_the_published_ones(preset, published):
+    cfg = resolve(preset).model
+    with torch.device("meta"):
+        model = build_model(cfg)
+    count = sum(p.numel() for p in model.parameters())
+    print(f"{preset}: {count:,} parameters ({count / 1e9:.2f}B)")
+    # Meta's model cards: 8.03B and 405.9B (128,256-row vocabulary: no padding at vocab_multiple 128).
+    assert count == num_params(cfg) == published
+    assert (cfg.rope_base, cfg.rope_kind, cfg.padded_vocab) == (500000.0, "llama3", 128256)
+    assert not model.head_is_tied
+
+
+def test_architecture_defaults_resolve_and_llama2_keeps_plain_rope():
+    m31 = ModelConfig(arch="llama31")
+    assert (m31.rope_base, m31.rope_kind) == (500000.0, "llama3")
+    m2 = ModelConfig(arch="llama")
+    assert (m2.rope_base, m2.rope_kind) == (10000.0, "none")
+    assert Rope.of(m2) == Rope(10000.0)
+    assert Rope.of(ModelConfig(arch="llama31", rope_theta=1e6, rope_scaling="none")) == Rope(1e6)
+
+
+def test_llama3_scaling_keeps_high_stretches_low_and_blends_between():
+    head_dim = 128
+    plain = Rope(500000.0).inv_freq(head_dim)
+    scaled = Rope(500000.0, "llama3").inv_freq(head_dim)
+    wavelen = 2 * math.pi / plain
+    high, low = wavelen < 8192 / 4, wavelen > 8192 / 1
+    assert high.any() and low.any() and (~high & ~low).any()  # all three bands exist at head_dim 128
+    torch.testing.assert_close(scaled[high], plain[high], atol=0, rtol=0)
+    torch.testing.assert_close(scaled[low], plain[low] / 8, atol=0, rtol=0)
+    mid = ~high & ~low
+    assert ((scaled[mid] < plain[mid]) & (scaled[mid] > plain[mid] / 8)).all()
+    assert torch.all(scaled[1:] <= scaled[:-1])  # still monotone: no frequency crosses another
+
+
+def test_scaling_changes_the_model_output_beyond_the_original_context():
+    shape = dict(n_layers=1, d_model=32, n_heads=2, n_kv_heads=1, d_ff=64, seq_len=64, vocab_size=64, init_std=0.3)
+    tokens = torch.randint(0, 64, (1, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        base = Llama(ModelConfig(arch="llama31", rope_scaling="none", **shape))(tokens)
+        scaled = Llama(ModelConfig(arch="llama31", rope_original_seq_len=16, **shape))(tokens)
+    assert (scaled - base).abs().max() > 1e-2  # random weights with std 0.3: attention is far from uniform
+
+
+@pytest.mark.parametrize("override,message", [
+    ("model.rope_theta=nan", r"model.rope_theta=nan: must be a finite number"),
+    ("model.rope_theta=0.5", r"model.rope_theta=0.5: must be > 1 \(or 0 for the architecture's 500000\)"),
+    ("model.rope_scaling=yarn", r"model.rope_scaling='yarn': must be one of \['none', 'llama3'\]"),
+    ("model.rope_factor=0.5", r"model.rope_factor=0.5: must be >= 1"),
+    ("model.rope_factor=nan", r"model.rope_factor=nan: must be a finite number"),
+    ("model.rope_high_freq_factor=1.0", r"model.rope_low_freq_factor=1.0, model.rope_high_freq_factor=1.0: need 0"),
+    ("model.rope_low_freq_factor=nan", r"model.rope_low_freq_factor=nan: must be a finite number"),
+    ("model.rope_original_seq_len=0", r"model.rope_original_seq_len=0: must be > 0"),
+])
+def test_bad_rope_fields_get_one_line_errors(override, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        resolve("llama31-8b", overrides=[override])
+    assert "\n" not in str(err.value)
+
+
+def test_rope_fields_are_refused_without_rotary_positions_and_ignored_without_scaling():
+    with pytest.raises(ConfigError, match=r"model.arch='gpt3' has no rotary positions"):
+        resolve("gpt3-proxy", overrides=["model.rope_theta=500000"])
+    # The llama3 factors are only read when the scaling is on.
+    resolve("llama-proxy", overrides=["model.rope_factor=0.5"])
+
+
+def test_dry_run_fits_the_presets_on_h100(capsys):
+    from scaletrain.cli import main
+
+    assert main(["train", "--dry-run", "--json", "--world-size", "64", "--gpu", "h100", "--preset", "llama31-8b"]) == 0
+    assert json.loads(capsys.readouterr().out)["fits"]
+    # 126 layers split evenly into 2 stages; 8,192 GPUs = tp 8 x cp 4 x pp 2 x 128-way FSDP (GBS 1,152 = 128 x 9).
+    flags = ["--set", "parallel.tp=8", "--set", "parallel.pp=2", "--set", "parallel.cp=4"]
+    assert main(["train", "--dry-run", "--json", "--world-size", "8192", "--gpu", "h100", "--preset", "llama31-405b",
+                 *flags]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] and out["degrees"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 128, "cp": 4, "tp": 8}
