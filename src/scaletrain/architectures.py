@@ -116,7 +116,10 @@ def rope_problems(m: Any) -> Iterator[str]:
     if m.rope_theta < 0 or 0 < m.rope_theta <= 1:
         yield f"model.rope_theta={m.rope_theta}: must be > 1 (or 0 for the architecture's {facts.rope_theta:g})"
     if m.rope_scaling and m.rope_scaling not in ROPE_SCALINGS:
-        yield f"model.rope_scaling={m.rope_scaling!r}: must be one of {list(ROPE_SCALINGS)} (or '' for the architecture's)"
+        yield (
+            f"model.rope_scaling={m.rope_scaling!r}: must be one of {list(ROPE_SCALINGS)} (or '' for the "
+            "architecture's)"
+        )
     if (m.rope_scaling or facts.rope_scaling) != "llama3":
         return
     if not m.rope_factor >= 1:

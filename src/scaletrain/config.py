@@ -128,7 +128,11 @@ class DataConfig:
     valid_prefix: str = ""
     """Path prefix of the validation .bin/.idx pair; empty means the default corpus under data_dir."""
     tokenizer: str = ""
-    """SentencePiece .model file the datasets were encoded with; empty means the default corpus's."""
+    """SentencePiece .model or Hugging Face tokenizer.json the datasets were encoded with; empty means the
+    default corpus's."""
+    default_tokenizer: str = "sentencepiece"
+    """The default corpus's tokenizer: "sentencepiece" (DATA_DIR/shakespeare) or "bpe" (byte-level BPE tokenizer.json,
+    DATA_DIR/shakespeare-bpe: `scaletrain data fetch --tokenizer bpe`)."""
     data_dir: str = ""
     """Where `scaletrain data fetch` puts the default corpus; empty means $SCALETRAIN_DATA or ~/.cache/scaletrain."""
     format: str = "pretrain"
@@ -400,6 +404,8 @@ def _problems(c: Config):
         yield f"train.device={t.device!r}: must be 'auto', 'cpu' or 'cuda'"
     if c.data.format not in ("pretrain", "sft"):
         yield f"data.format={c.data.format!r}: must be 'pretrain' or 'sft'"
+    if c.data.default_tokenizer not in ("sentencepiece", "bpe"):
+        yield f"data.default_tokenizer={c.data.default_tokenizer!r}: must be 'sentencepiece' or 'bpe'"
     if t.eval_interval_samples <= 0:
         yield f"train.eval_interval_samples={t.eval_interval_samples}: must be > 0"
     for name in ("max_steps", "threads"):
