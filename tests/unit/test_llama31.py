@@ -11,6 +11,8 @@ from scaletrain.config import ConfigError, ModelConfig, resolve
 from scaletrain.model.build import build_model
 from scaletrain.model.flops import num_params
 from scaletrain.model.llama import Llama, Rope
+from scaletrain.sim.layers import Inventory
+from scaletrain.sim.workload import model_shape
 
 
 @pytest.mark.parametrize("preset,published", [("llama31-8b", 8_030_261_248), ("llama31-405b", 405_853_388_800)])
@@ -22,6 +24,7 @@ def test_preset_parameter_counts_are_the_published_ones(preset, published):
     print(f"{preset}: {count:,} parameters ({count / 1e9:.2f}B)")
     # Meta's model cards: 8.03B and 405.9B (128,256-row vocabulary: no padding at vocab_multiple 128).
     assert count == num_params(cfg) == published
+    assert Inventory(model_shape(resolve(preset))).params == published  # the simulator's per-layer inventory
     assert (cfg.rope_base, cfg.rope_kind, cfg.padded_vocab) == (500000.0, "llama3", 128256)
     assert not model.head_is_tied
 
