@@ -124,3 +124,12 @@ def test_cli_prepare_trains_a_bpe_or_takes_a_tokenizer_json(tmp_path, capsys):
     assert Tokenizer(tok_file).vocab_size == 400 and "vocab 400" in capsys.readouterr().out
     assert main(["data", "prepare", str(EXCERPT[1]), "--out", str(tmp_path / "b"), "--tokenizer", str(tok_file)]) == 0
     assert read_meta(tmp_path / "b")["tokenizer_sha256"] == Tokenizer(tok_file).sha256
+
+
+def test_long_documents_encoded_in_pieces_equal_whole_text_encoding(bpe):
+    from scaletrain.data.prepare import text_pieces
+
+    text = EXCERPT[0].read_text()[:40_000].replace("\n", "  \n   ")  # space runs and line breaks at seams
+    pieces = list(text_pieces(text, 1000))
+    assert len(pieces) > 40
+    assert [i for p in pieces for i in bpe.encode(p)] == bpe.encode(text)
