@@ -207,3 +207,15 @@ def test_transformers_4_style_config_and_unsupported_scalings(hf31, tmp_path):
         else:
             with pytest.raises(ValueError, match=error):
                 import_llama_hf(d)
+
+
+def test_init_from_refuses_weights_trained_with_other_rotary_frequencies():
+    from scaletrain.checkpoint.init_from import check_compatible
+    from scaletrain.checkpoint.store import CheckpointError
+
+    check_compatible(TINY31, ModelConfig(**{**TINY31.__dict__, "rope_theta": 500000.0, "rope_scaling": "llama3"}), "x")
+    for change, what in [({"rope_theta": 1e6}, "rope_base 1000000.0 != 500000.0"),
+                         ({"rope_scaling": "none"}, "rope_kind none != llama3"),
+                         ({"rope_original_seq_len": 8192}, "rope_original_seq_len 8192 != 16")]:
+        with pytest.raises(CheckpointError, match=what):
+            check_compatible(TINY31, ModelConfig(**{**TINY31.__dict__, **change}), "x")
