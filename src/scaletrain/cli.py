@@ -218,17 +218,15 @@ def cmd_data_fetch(args) -> int:
 def cmd_data_prepare(args) -> int:
     """Tokenize text/JSONL/.json.gz files into a Megatron .bin/.idx dataset."""
     from scaletrain.data.prepare import prepare_dataset
-    from scaletrain.data.tokenizer import Tokenizer, train_bpe, train_tokenizer
+    from scaletrain.data.tokenizer import Tokenizer, train_tokenizer
 
     if args.tokenizer:
         tokenizer = Tokenizer(args.tokenizer)
     else:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        stem, n = out.parent / "tokenizer", args.vocab_size
-        tokenizer = Tokenizer(
-            train_bpe(args.inputs, f"{stem}.json", n) if args.bpe else train_tokenizer(args.inputs, stem, n)
-        )
+        model = train_tokenizer(args.inputs, str(out.parent / "tokenizer"), args.vocab_size, bpe=args.bpe)
+        tokenizer = Tokenizer(model)
     if args.sft:
         from scaletrain.data.sft import prepare_sft
 

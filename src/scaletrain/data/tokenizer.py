@@ -18,8 +18,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from .bpe import TokenizerJSON, looks_like_json
-from .bpe import train_bpe as train_bpe  # re-exported: both trainers from one module
+from .bpe import TokenizerJSON, looks_like_json, train_bpe
 from .indexed import DataError
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
@@ -51,11 +50,15 @@ def train_tokenizer(
     vocab_size: int,
     max_train_bytes: int = MAX_TRAIN_BYTES,
     num_threads: int | None = None,
+    bpe: bool = False,
 ) -> Path:
     """Train a SentencePiece BPE model on plain-text files; write MODEL_PREFIX.model and return its path.
 
-    Each non-empty line is one training sentence. Deterministic for the same inputs.
+    Each non-empty line is one training sentence. Deterministic for the same inputs. `bpe`: train a byte-level
+    BPE tokenizer.json instead (scaletrain.data.bpe.train_bpe) and write MODEL_PREFIX.json.
     """
+    if bpe:
+        return train_bpe(text_files, f"{model_prefix}.json", vocab_size)
     import sentencepiece as spm
 
     files = [Path(p) for p in text_files]
