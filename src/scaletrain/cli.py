@@ -193,7 +193,7 @@ def cmd_data_fetch(args) -> int:
     Shakespeare tokenizer, which is prepared first when missing.
     """
     from scaletrain.config import DataConfig, default_data_dir
-    from scaletrain.data.corpus import fetch_default, prepare_excerpt
+    from scaletrain.data.corpus import default_paths, fetch_default, prepare_excerpt
 
     data_dir = default_data_dir(DataConfig(data_dir=args.data_dir or ""))
     if args.corpus == "kjv":
@@ -210,9 +210,9 @@ def cmd_data_fetch(args) -> int:
         print(f"tokenizer: {info['tokenizer']}")
         return 0
     if args.excerpt:
-        corpus = prepare_excerpt(data_dir / "shakespeare", args.vocab_size, log=print)
+        corpus = prepare_excerpt(default_paths(data_dir, args.tokenizer).root, args.vocab_size, print, args.tokenizer)
     else:
-        corpus = fetch_default(data_dir, vocab_size=args.vocab_size, log=print)
+        corpus = fetch_default(data_dir, vocab_size=args.vocab_size, log=print, tokenizer=args.tokenizer)
     print(f"train: {corpus.train_prefix}\nvalid: {corpus.valid_prefix}\ntokenizer: {corpus.tokenizer}")
     return 0
 
@@ -227,7 +227,7 @@ def cmd_data_prepare(args) -> int:
     else:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        model = train_tokenizer(args.inputs, str(out.parent / "tokenizer"), args.vocab_size)
+        model = train_tokenizer(args.inputs, str(out.parent / "tokenizer"), args.vocab_size, bpe=args.bpe)
         tokenizer = Tokenizer(model)
     if args.sft:
         from scaletrain.data.sft import prepare_sft
@@ -357,11 +357,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="shakespeare",
         help="shakespeare (pretraining, default) or kjv (SFT proxy: King James Bible via apt-get)",
     )
+    tok_help = "SentencePiece (default) or byte-level BPE (DATA_DIR/shakespeare-bpe, data.default_tokenizer=bpe)"
+    f.add_argument("--tokenizer", choices=("sentencepiece", "bpe"), default="sentencepiece", help=tok_help)
     f.set_defaults(func=cmd_data_fetch)
     f = dsub.add_parser("prepare", help="tokenize files into .bin/.idx", description=cmd_data_prepare.__doc__)
     f.add_argument("inputs", nargs="+", help=".txt, .jsonl or .json.gz files (field 'text')")
     f.add_argument("--out", required=True, help="output prefix (writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json)")
-    f.add_argument("--tokenizer", help="existing SentencePiece .model; without it one is trained")
+    f.add_argument("--tokenizer", help="SentencePiece .model or HF tokenizer.json; without it one is trained")
+    f.add_argument("--bpe", action="store_true", help="train a byte-level BPE tokenizer.json, not SentencePiece")
     f.add_argument("--vocab-size", type=int, default=8192, help="vocabulary when training a tokenizer")
     f.add_argument(
         "--sft",
