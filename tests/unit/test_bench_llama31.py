@@ -135,9 +135,10 @@ def test_official_log_passes_the_checker(tmp_path, name, gbs):
     events = read_mllog(tmp_path / "mllog.txt")
     init = {e["key"]: e["value"] for e in events}
     g = cfg.train.global_batch_size
-    assert init["eval_samples"] == _eval_samples(name) and init["train_samples"] == 2 * math.ceil(
-        benchmarks.get(name).eval_every_sequences / g
-    ) * g
+    assert (
+        init["eval_samples"] == _eval_samples(name)
+        and init["train_samples"] == 2 * math.ceil(benchmarks.get(name).eval_every_sequences / g) * g
+    )
     assert init["opt_learning_rate_warmup_steps"] + init["opt_learning_rate_decay_steps"] == (
         LLAMA31_405B.total_steps(g) if name == "llama31_405b" else LLAMA31_8B.MAX_STEPS
     )
@@ -158,8 +159,20 @@ def _drop(log: Path, key: str) -> None:
     "name,overrides,drop,config_field,log_key",
     [
         # 8e-5 is the LR of GBS 1152, not of 2304 (1.6e-4)
-        ("llama31_405b", ["train.global_batch_size=2304", "optim.decay_samples=1382400000"], None, "optim.lr", "opt_base_learning_rate"),
-        ("llama31_405b", ["optim.warmup_samples=8000000"], None, "optim.warmup_samples", "opt_learning_rate_decay_steps"),
+        (
+            "llama31_405b",
+            ["train.global_batch_size=2304", "optim.decay_samples=1382400000"],
+            None,
+            "optim.lr",
+            "opt_base_learning_rate",
+        ),
+        (
+            "llama31_405b",
+            ["optim.warmup_samples=8000000"],
+            None,
+            "optim.warmup_samples",
+            "opt_learning_rate_decay_steps",
+        ),
         ("llama31_405b", ["optim.eps=1e-8"], None, "optim.eps", "opt_adamw_epsilon"),
         ("llama31_8b", ["optim.decay_samples=38400000"], None, "optim.decay_samples", "max_steps"),  # GBS 32's
         ("llama31_8b", [], "max_steps", None, "max_steps"),

@@ -1,4 +1,4 @@
-"""Closed-division rules of MLPerf Training llama31_405b and llama31_8b (docs/benchmarks.md sections 3-4): the
+"""Closed-division rules of MLPerf Training llama31_405b and llama31_8b (docs/benchmarks.md sections 2a-2b): the
 init-phase MLLOG keys their rules files require, and the rules the compliance checker cannot see.
 
 Every constant here is read off mlperf-logging 4.1.68: compliance_checker/training_<r>/closed_llama31_*.yaml (the
