@@ -113,8 +113,8 @@ def check_log(
 ) -> CheckResult:
     """Check the MLLOG file `path` against the rules of `benchmark` with `--werror`.
 
-    "gpt3", "llama2_70b_lora": the official rules of ruleset `ruleset(benchmark, rules)` (gpt3 4.1.0,
-    llama2_70b_lora the newest the package ships). "gpt3-proxy", "llama2_70b_lora-proxy": the same engine with
+    "gpt3", "llama2_70b_lora", "llama31_405b", "llama31_8b": the official rules of ruleset
+    `ruleset(benchmark, rules)` (gpt3 4.1.0, the others the newest the package ships for them). "gpt3-proxy", "llama2_70b_lora-proxy": the same engine with
     `--config` = the packaged proxy rules file.
     The checker also appends its messages to a file (by default `compliance_checker.log` in the current directory);
     CheckResult.output already holds them, so that copy goes to os.devnull unless `log_output` names a file,
