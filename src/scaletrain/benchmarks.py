@@ -51,11 +51,11 @@ class BenchmarkSpec:
     """Compliance-checker ruleset (`--ruleset`) and RCP table version its logs are judged by when bench.ruleset is
     empty; "" = the newest the installed mlperf-logging ships for the benchmark (`resolve_ruleset`)."""
     proxy_rules_file: str
-    """Rules file of the "<name>-proxy" variant, in the package folder scaletrain/bench/rules/."""
+    """Rules file of the "<name>-proxy" variant, in the package folder scaletrain/bench/rules/; "" = no proxy yet."""
     reference_preset: str
     """Preset with the closed-division model and hyperparameters (`bench --benchmark NAME`, `predict --model NAME`)."""
     proxy_preset: str
-    """Preset of the CPU proxy ("<name>-proxy")."""
+    """Preset of the CPU proxy ("<name>-proxy"); "" = the benchmark has no proxy yet (`names()` leaves it out)."""
     arch: str
     """model.arch the benchmark trains."""
     seq_len: int
@@ -92,6 +92,11 @@ class BenchmarkSpec:
         if not self.eval_skip_gbs_divisor:
             return 0
         return gbs // self.eval_skip_gbs_divisor + self.eval_skip_offset
+
+    @property
+    def has_proxy(self) -> bool:
+        """Whether "<name>-proxy" exists (a preset and a rules file)."""
+        return bool(self.proxy_preset)
 
     @property
     def proxy_name(self) -> str:
@@ -149,13 +154,67 @@ LLAMA2_70B_LORA = BenchmarkSpec(
     proxy_needs_base=True,
 )
 
-BENCHMARKS: dict[str, BenchmarkSpec] = {b.name: b for b in (GPT3, LLAMA2_70B_LORA)}
+LLAMA31_405B = BenchmarkSpec(
+    name="llama31_405b",
+    mllog_constant="LLAMA31_405B",
+    # Newest: rulesets 5.0.0-6.0.0 (mlperf-logging 4.1.68); retired in 6.1.0, whose closed_common.yaml refuses it.
+    ruleset="",
+    proxy_rules_file="",
+    reference_preset="llama31-405b",
+    proxy_preset="",
+    arch="llama31",
+    seq_len=8192,  # closed_llama31_405b.yaml: max_sequence_length == 8192
+    # Not in the rules files: every converged sample count in rcps_llama31_405b.json (6.0.0) at GBS 1152, 2304 and
+    # 4608 is a multiple of 18,432 (5.0.0's pre-submission RCPs: of 46,080, the interval the 5.0 rules started with).
+    eval_every_sequences=18_432,
+    eval_tokens=5760 * 8192,  # closed_llama31_405b.yaml: eval_samples == 5760 sequences of 8192 tokens
+    target=5.6,  # closed_llama31_405b.yaml: eval_accuracy <= 5.6 (log perplexity)
+    runs=3,  # mlperf_logging benchmark_meta.py
+    converge_unit="samples",
+    rcp_key="Epochs to converge",  # which holds samples (samples_count at the converging evaluation)
+    lora=False,
+    eval_skip_gbs_divisor=0,
+    eval_skip_offset=0,
+    calibration_file="",
+    default_gbs=1152,  # the reference's: the RCPs' smallest batch size and the LR formula's base
+    plot_gpu_counts=(256, 512, 1024, 2048, 4096, 8192, 16384),
+    proxy_needs_base=True,
+)
+
+LLAMA31_8B = BenchmarkSpec(
+    name="llama31_8b",
+    mllog_constant="LLAMA31_8B",
+    ruleset="",  # newest: rulesets 5.1.0-6.1.0, the same closed_llama31_8b.yaml throughout
+    proxy_rules_file="",
+    reference_preset="llama31-8b",
+    proxy_preset="",
+    arch="llama31",
+    seq_len=8192,  # closed_llama31_8b.yaml: max_sequence_length == 8192
+    # Not in the rules files: every converged sample count in rcps_llama31_8b.json is a multiple of 12,288 (but
+    # GBS 96's, whose reference evaluated every 129 steps).
+    eval_every_sequences=12_288,
+    eval_tokens=1024 * 8192,  # closed_llama31_8b.yaml: eval_samples == 1024
+    target=3.3,  # closed_llama31_8b.yaml: eval_accuracy <= 3.3
+    runs=10,  # mlperf_logging benchmark_meta.py
+    converge_unit="samples",
+    rcp_key="Epochs to converge",
+    lora=False,
+    eval_skip_gbs_divisor=0,
+    eval_skip_offset=0,
+    calibration_file="",
+    default_gbs=64,  # the llama31-8b preset's, an RCP batch size (16-128)
+    plot_gpu_counts=(8, 16, 32, 64, 128, 256),
+    proxy_needs_base=False,
+)
+
+BENCHMARKS: dict[str, BenchmarkSpec] = {b.name: b for b in (GPT3, LLAMA2_70B_LORA, LLAMA31_405B, LLAMA31_8B)}
 """Official name -> spec. Read at call time everywhere (never copied at import), so a test can add an entry."""
 
 
 def is_proxy(name: str) -> bool:
     """True for "<official name>-proxy" of a registered benchmark."""
-    return name.endswith(PROXY_SUFFIX) and name.removesuffix(PROXY_SUFFIX) in BENCHMARKS
+    spec = BENCHMARKS.get(name.removesuffix(PROXY_SUFFIX)) if name.endswith(PROXY_SUFFIX) else None
+    return spec is not None and spec.has_proxy
 
 
 def get(name: str) -> BenchmarkSpec:
@@ -167,8 +226,8 @@ def get(name: str) -> BenchmarkSpec:
 
 
 def names() -> tuple[str, ...]:
-    """Every bench.benchmark value: each official benchmark followed by its proxy, in registry order."""
-    return tuple(n for b in BENCHMARKS.values() for n in (b.name, b.proxy_name))
+    """Every bench.benchmark value: each official benchmark followed by its proxy (if it has one), in registry order."""
+    return tuple(n for b in BENCHMARKS.values() for n in ((b.name, b.proxy_name) if b.has_proxy else (b.name,)))
 
 
 def preset_for(name: str) -> str:

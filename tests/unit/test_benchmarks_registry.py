@@ -19,6 +19,10 @@ def test_every_benchmark_resolves_its_presets_rules_and_data(spec):
     assert ref.train.eval_interval_samples == spec.eval_every_sequences
     assert ref.train.target_eval_loss == spec.target
     assert ref.lora.rank > 0 if spec.lora else ref.lora.rank == 0
+    if not spec.has_proxy:  # llama31_*: its proxy and the simulator's data for it come later
+        assert spec.proxy_name not in benchmarks.names() and not benchmarks.is_proxy(spec.proxy_name)
+        assert not spec.calibration_file
+        return
     proxy = resolve(spec.proxy_preset)
     assert proxy.bench.benchmark == spec.proxy_name and benchmarks.preset_for(spec.proxy_name) == spec.proxy_preset
     assert benchmarks.get(spec.proxy_name) is spec and benchmarks.is_proxy(spec.proxy_name)
@@ -54,7 +58,12 @@ def test_skip_rule_is_the_training_rules_formula():
 
 
 def test_lookups_name_the_known_benchmarks():
-    assert benchmarks.names() == ("gpt3", "gpt3-proxy", "llama2_70b_lora", "llama2_70b_lora-proxy")
+    assert benchmarks.names() == (
+        "gpt3", "gpt3-proxy", "llama2_70b_lora", "llama2_70b_lora-proxy", "llama31_405b", "llama31_8b"
+    )
+    with pytest.raises(ValueError, match="unknown benchmark 'llama31_8b-proxy'"):
+        benchmarks.get("llama31_8b-proxy")
+    assert benchmarks.for_model("llama31-405b") is benchmarks.LLAMA31_405B
     with pytest.raises(ValueError, match="unknown benchmark 'bert'.*gpt3-proxy"):
         benchmarks.get("bert")
     assert benchmarks.for_model("gpt3") is benchmarks.for_model("gpt3-175b") is benchmarks.GPT3

@@ -70,6 +70,8 @@ def test_bundled_copy_matches_package(monkeypatch):
     if mlperf._package_rcp_file("gpt3", "4.1.0") is None:
         pytest.skip("mlperf-logging not installed")
     for bench in mlperf.BENCHMARKS:
+        if mlperf._package_rcp_file(bench, "4.1.0") is None:  # llama31_*: RCPs from 5.0.0 on, no bundled copy
+            continue
         pkg, where = mlperf._load_rcp_raw(bench, "4.1.0")
         copy, copy_where = mlperf._load_rcp_raw(bench, "4.1.0", use_package=False)
         assert where.endswith(f"rcps_{bench}.json") and copy_where.endswith("rcps_4.1.0.csv")

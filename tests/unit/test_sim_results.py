@@ -34,6 +34,8 @@ def _one(**changes) -> str:
 
 def test_every_bundled_row_loads_cleanly():
     for bench, spec in BENCHMARKS.items():
+        if not spec.calibration_file:  # llama31_*: no bundled results yet
+            continue
         text = resources.files("scaletrain.sim").joinpath("data", spec.calibration_file).read_text("utf-8")
         report = load_results(text)
         assert report.errors == []

@@ -20,6 +20,7 @@ from scaletrain import benchmarks
 __all__ = [
     "CheckResult",
     "check_log",
+    "check_rcp",
     "checker_command",
     "proxy_rules_path",
     "run_benchmark",
@@ -66,7 +67,7 @@ def ruleset(benchmark: str, requested: str = "") -> str:
 def proxy_rules_path(benchmark: str = "gpt3-proxy"):
     """The packaged rules file of a proxy benchmark (a Traversable; see `check_log` for a real path)."""
     if not benchmarks.is_proxy(benchmark):
-        proxies = sorted(b.proxy_name for b in benchmarks.BENCHMARKS.values())
+        proxies = sorted(b.proxy_name for b in benchmarks.BENCHMARKS.values() if b.has_proxy)
         raise ValueError(f"no proxy rules file for {benchmark!r}; proxies: {proxies}")
     name = benchmarks.get(benchmark).proxy_rules_file
     return resources.files("scaletrain.bench").joinpath("rules").joinpath(name)
@@ -112,8 +113,8 @@ def check_log(
 ) -> CheckResult:
     """Check the MLLOG file `path` against the rules of `benchmark` with `--werror`.
 
-    "gpt3", "llama2_70b_lora": the official rules of ruleset `ruleset(benchmark, rules)` (gpt3 4.1.0,
-    llama2_70b_lora the newest the package ships). "gpt3-proxy", "llama2_70b_lora-proxy": the same engine with
+    "gpt3", "llama2_70b_lora", "llama31_405b", "llama31_8b": the official rules of ruleset
+    `ruleset(benchmark, rules)` (gpt3 4.1.0, the others the newest the package ships for them). "gpt3-proxy", "llama2_70b_lora-proxy": the same engine with
     `--config` = the packaged proxy rules file.
     The checker also appends its messages to a file (by default `compliance_checker.log` in the current directory);
     CheckResult.output already holds them, so that copy goes to os.devnull unless `log_output` names a file,
@@ -142,6 +143,45 @@ def check_log(
             return CheckResult(False, cmd, f"could not run the checker: {exc}")
     output = (proc.stdout or "") + (proc.stderr or "")
     return CheckResult(verdict(proc.returncode, output), cmd, output)
+
+
+def check_rcp(logs: list[str | Path], benchmark: str, rules: str = "", timeout_s: float = 300.0) -> CheckResult:
+    """MLCommons' RCP checker on the MLLOGs of one submission (its N runs) of an official benchmark: do the runs,
+    olympic-averaged, converge no faster than the reference convergence points allow at their GBS (interpolated
+    between the two nearest RCP batch sizes when none matches)? Ruleset as `check_log`'s.
+
+    The checker reads `result_*.txt` files from a directory, so the logs are copied into a temporary one as
+    result_0.txt, result_1.txt, ... in the order given. Proxies have no RCPs: ValueError.
+    """
+    import shutil
+    import tempfile
+
+    if benchmark not in benchmarks.BENCHMARKS:
+        raise ValueError(
+            f"no reference convergence points for {benchmark!r}; expected one of {sorted(benchmarks.BENCHMARKS)}"
+        )
+    with tempfile.TemporaryDirectory(prefix="rcp_") as tmp:
+        for i, log in enumerate(logs):
+            shutil.copyfile(log, Path(tmp) / f"result_{i}.txt")
+        cmd = [
+            sys.executable,
+            "-m",
+            "mlperf_logging.rcp_checker",
+            "--rcp_usage",
+            "training",
+            "--rcp_version",
+            ruleset(benchmark, rules),
+            "--log_output",
+            os.devnull,
+            tmp,
+        ]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return CheckResult(False, cmd, f"RCP checker timed out after {timeout_s:g} s")
+    output = (proc.stdout or "") + (proc.stderr or "")
+    ok = proc.returncode == 0 and "RCP test PASSED" in output and "Traceback (most recent call last)" not in output
+    return CheckResult(ok, cmd, output)
 
 
 def verdict(returncode: int, output: str) -> bool:

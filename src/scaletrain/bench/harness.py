@@ -10,7 +10,9 @@ TOKENS since the start checkpoint (steps * GBS * seq_len), which the RCP checker
 llama2_70b_lora: the same cadence, but the first floor(0.125*GBS + 2) evaluations are neither run nor logged (the
 first block is that much longer; train/schedule.py); every event carries `samples_count` = training samples since
 run_start (steps * GBS), which the RCP checker reads as "samples to converge"; train_samples/eval_samples are the
-dataset sizes, logged at init. Time to train = run_stop - run_start: the loop's own clock, which stamps both events.
+dataset sizes, logged at init. llama31_405b / llama31_8b: gpt3's cadence (nothing skipped) with lora's
+`samples_count` metadata; eval_samples (validation sequences) at init, train_samples (samples trained) at the end,
+the keys bench/rules_llama31.py lists. Time to train = run_stop - run_start: the loop's own clock, which stamps both events.
 
 A stop signal (the loop saves and raises Preempted) logs nothing: no block_stop or run_stop, and result.json says
 "preempted". Each checkpoint records the log's length (`mllog_bytes`); a resume truncates the log there (just after
@@ -34,7 +36,7 @@ from scaletrain.train.schedule import tokens_per_step
 
 from .checker import RULESET, check_log, ruleset
 from .mllog import MLLOG, C, MLLogWriter, restore_mllog
-from .rules import is_lora, mllog_hparams, official_rule_violations
+from .rules import counts_samples, is_lora, mllog_hparams, official_rule_violations
 from .score import olympic_score, required_runs
 from .summary import print_summary
 
@@ -64,9 +66,12 @@ def _positive(engine: Any, attr: str) -> int | None:
 
 def _dataset_sizes(cfg: Config, engine: Any) -> dict | None:
     """What the init phase logs from the engine: gpt3 eval_samples = engine.eval_tokens; llama2_70b_lora
-    eval_samples/train_samples = engine.eval_samples/train_samples. None while any of them is still unknown."""
+    eval_samples/train_samples = engine.eval_samples/train_samples; llama31 eval_samples = engine.eval_samples.
+    None while any of them is still unknown."""
     if is_lora(cfg):
         sizes = {"eval_samples": _positive(engine, "eval_samples"), "train_samples": _positive(engine, "train_samples")}
+    elif counts_samples(cfg):
+        sizes = {"eval_samples": _positive(engine, "eval_samples")}
     else:
         sizes = {"eval_samples": _positive(engine, "eval_tokens")}
     return None if None in sizes.values() else sizes
@@ -87,6 +92,7 @@ class MLPerfObserver(Observer):
         self.cfg, self.run_dir, self.dp_size, self.writer = cfg, Path(run_dir), dp_size, writer
         self.platform = platform or cfg.bench.platform or default_platform(cfg, dp_size)
         self.lora = is_lora(cfg)
+        self.samples = counts_samples(cfg)  # samples_count metadata (lora, llama31), else gpt3's token epoch_num
         self.tps, self.gbs = tokens_per_step(cfg), cfg.train.global_batch_size
         self.log = MLLogWriter(None)  # replaced by the run's log in on_init_start
         self._sizes_logged = False
@@ -128,11 +134,17 @@ class MLPerfObserver(Observer):
         if not self._sizes_logged:
             sizes = _dataset_sizes(self.cfg, engine)
             if sizes is None:
-                attrs = ("eval_samples", "train_samples") if self.lora else ("eval_tokens",)
+                attrs = (
+                    ("eval_samples", "train_samples")
+                    if self.lora
+                    else ("eval_samples",)
+                    if self.samples
+                    else ("eval_tokens",)
+                )
                 have = {a: getattr(engine, a, None) for a in attrs}
                 raise ValueError(
                     f"engine {have} after init(): must be positive "
-                    + ("validation/training sequence counts" if self.lora else "the validation label-token count")
+                    + ("sequence counts" if self.samples else "the validation label-token count")
                 )
             for key, value in mllog_hparams(self.cfg, platform=self.platform, dp_size=self.dp_size, **sizes)[1:]:
                 self.log.event(key, value, time_ms=state.t_start)
@@ -144,8 +156,8 @@ class MLPerfObserver(Observer):
         self.log.start(C.BLOCK_START, metadata=self._block_meta(first, stop, stop=False))
 
     def on_block_end(self, state: LoopState, first: int, stop: int) -> None:
-        # gpt3 repeats block_start's metadata; lora counts the samples trained (fewer when a NaN cut the block short).
-        self.log.end(C.BLOCK_STOP, metadata=self._block_meta(first, state.step if self.lora else stop, stop=True))
+        # gpt3 repeats block_start's metadata; samples_count is the samples trained (fewer when a NaN cut the block).
+        self.log.end(C.BLOCK_STOP, metadata=self._block_meta(first, state.step if self.samples else stop, stop=True))
 
     def on_eval_start(self, state: LoopState) -> None:
         self.log.start(C.EVAL_START, metadata=self._point_meta(state.step))
@@ -168,24 +180,25 @@ class MLPerfObserver(Observer):
                 meta = {"status": result["status"]}
                 if state.reason:
                     meta["reason"] = state.reason
-                if self.lora and not crashed:
+                if self.samples and not crashed:
                     meta[C.SAMPLES_COUNT] = state.step * self.gbs
                 self.log.end(C.RUN_STOP, metadata=meta, time_ms=state.t_stop)
                 if not self.lora and not crashed:  # lora logged its training-set size at init, as its reference does
-                    self.log.event(C.TRAIN_SAMPLES, state.step * self.tps)
+                    # gpt3: training tokens; llama31: training samples (its RCPs count samples)
+                    self.log.event(C.TRAIN_SAMPLES, state.step * (self.gbs if self.samples else self.tps))
         finally:
             self.log.close()
         return {"rule_violations": official_rule_violations(self.cfg), "mllog": str(self.run_dir / MLLOG)}
 
     def _block_meta(self, first: int, last: int, stop: bool) -> dict:
-        """block_start/block_stop metadata for steps first+1..last: tokens (gpt3) or samples now (lora)."""
-        if self.lora:
+        """block_start/block_stop metadata for steps first+1..last: tokens (gpt3) or samples now (lora, llama31)."""
+        if self.samples:
             return {C.SAMPLES_COUNT: (last if stop else first) * self.gbs}
         return {"first_epoch_num": first * self.tps, "epoch_count": (last - first) * self.tps}
 
     def _point_meta(self, steps: int) -> dict:
         """eval_start/eval_accuracy/eval_stop metadata after `steps` steps."""
-        return {C.SAMPLES_COUNT: steps * self.gbs} if self.lora else {"epoch_num": steps * self.tps}
+        return {C.SAMPLES_COUNT: steps * self.gbs} if self.samples else {"epoch_num": steps * self.tps}
 
 
 def mlperf_observers(cfg: Config, engine: Any, run_dir: Path, writer: bool) -> list[Observer]:

@@ -21,11 +21,14 @@ from mlperf_logging.mllog import constants as C
 from scaletrain import benchmarks
 from scaletrain.config import Config
 
+from .rules_llama31 import is_llama31, llama31_hparams, llama31_violations
+
 __all__ = [
     "GPT3",
     "LLAMA2_LORA",
     "submission_benchmark",
     "is_lora",
+    "counts_samples",
     "mllog_hparams",
     "disclosure_hparams",
     "official_rule_violations",
@@ -86,6 +89,13 @@ class LLAMA2_LORA:
     GBS_MIN, GBS_MAX = 8, 128
 
 
+def counts_samples(benchmark: str | Config) -> bool:
+    """True where MLLOG's block/eval/run_stop metadata is `samples_count` (training samples since run_start), as the
+    RCP checker reads it: llama2_70b_lora, llama31_405b, llama31_8b (and their proxies); gpt3 counts tokens."""
+    name = benchmark.bench.benchmark if isinstance(benchmark, Config) else benchmark
+    return name in benchmarks.names() and benchmarks.get(name).converge_unit == "samples"
+
+
 def is_lora(benchmark: str | Config) -> bool:
     """True for llama2_70b_lora and its proxy: samples_count metadata and skipped first evaluations."""
     name = benchmark.bench.benchmark if isinstance(benchmark, Config) else benchmark
@@ -117,7 +127,8 @@ def mllog_hparams(
 
     gpt3: `eval_samples` is the validation label-token count (the reference logs 11,590,004 tokens under this key);
     train_samples is logged at run end by the harness. llama2_70b_lora: `eval_samples` and `train_samples` are the
-    validation and training dataset sizes in sequences (reference: 173 and 3901), both logged here.
+    validation and training dataset sizes in sequences (reference: 173 and 3901), both logged here. llama31_405b,
+    llama31_8b (bench/rules_llama31.py): `eval_samples` is the validation set in sequences (5760, 1024).
     `platform` is submission_platform; `dp_size` is the data-parallel degree for gradient_accumulation_steps.
     cache_clear comes first: the harness logs it before init_start, the rest inside the init phase.
     """
@@ -128,6 +139,9 @@ def mllog_hparams(
         raise ValueError("submission_platform must not be empty (the checker rejects '')")
     if is_lora(cfg):
         return _lora_hparams(cfg, eval_samples, train_samples, platform, dp_size)
+    if is_llama31(b.benchmark):
+        accumulation = gradient_accumulation_steps(cfg, dp_size)
+        return llama31_hparams(cfg, eval_samples, platform, accumulation, disclosure_hparams(cfg))
     gbs = cfg.train.global_batch_size
     o = cfg.optim
     return [
@@ -216,13 +230,15 @@ def _neq(a: float, b: float) -> bool:
 
 
 def official_rule_violations(cfg: Config) -> list[str]:
-    """Closed-division gpt3 rules `cfg` breaks that the compliance checker cannot see; [] when compliant.
+    """Closed-division rules `cfg` breaks that the compliance checker cannot see; [] when compliant.
 
-    Only the official benchmarks ("gpt3", "llama2_70b_lora") have such rules: proxies scale model, data and target
-    by design.
+    Only the official benchmarks (gpt3, llama2_70b_lora, llama31_405b, llama31_8b: bench/rules_llama31.py) have such
+    rules: proxies scale model, data and target by design.
     """
     if cfg.bench.benchmark == "llama2_70b_lora":
         return _lora_violations(cfg)
+    if is_llama31(cfg.bench.benchmark):
+        return llama31_violations(cfg)
     if cfg.bench.benchmark != "gpt3":
         return []
     m, o, t = cfg.model, cfg.optim, cfg.train

@@ -16,7 +16,7 @@ from scaletrain.train.protocol import NonFiniteLoss
 
 from .harness import run_once
 
-__all__ = ["ScriptedEngine", "scripted_run", "lora_reference_config", "LORA_REFERENCE_SCHEDULE"]
+__all__ = ["ScriptedEngine", "scripted_run", "scripted_submission", "lora_reference_config", "LORA_REFERENCE_SCHEDULE"]
 
 # The llama2_70b_lora reference's batch and LR schedule (mlcommons/training llama2_70b_lora README and its RCPs:
 # max_steps 1024 at GBS 8, warmup_ratio 0, cosine to 0, HF AdamW betas 0.9/0.999), as overrides on the
@@ -122,3 +122,30 @@ def scripted_run(
     Returns (result, engine)."""
     engine = ScriptedEngine(cfg, eval_losses=eval_losses, **engine_kwargs)
     return run_once(cfg, engine, run_dir, dp_size=dp_size, platform=platform), engine
+
+
+def scripted_submission(
+    cfg: Config,
+    out_dir: str | Path,
+    converge_evals: Sequence[int],
+    dp_size: int = 1,
+    platform: str | None = None,
+    **engine_kwargs,
+) -> list[Path]:
+    """One scripted run per entry of `converge_evals` in out_dir/run_<i>/ (seeds cfg.train.seed + 1000*i, as `bench`
+    derives them), run i reaching the target at its converge_evals[i]-th evaluation: the MLLOGs of a submission
+    whose samples to converge are chosen, for the RCP checker (`checker.check_rcp`). Returns the log paths."""
+    import copy
+
+    target = cfg.train.target_eval_loss
+    logs = []
+    for i, k in enumerate(converge_evals):
+        if k < 1:
+            raise ValueError(f"converge_evals[{i}]={k}: a run converges at its first evaluation at the earliest")
+        run_cfg = copy.deepcopy(cfg)
+        run_cfg.train.seed = cfg.train.seed + 1000 * i
+        losses = [target + 0.01 * (k - j) for j in range(1, k)] + [target - 0.01]
+        run_dir = Path(out_dir) / f"run_{i}"
+        scripted_run(run_cfg, run_dir, losses, dp_size=dp_size, platform=platform, **engine_kwargs)
+        logs.append(run_dir / "mllog.txt")
+    return logs
