@@ -17,7 +17,7 @@ from scaletrain.sim import calibrate as cal
 from scaletrain.sim.catalog import load_catalog
 from scaletrain.sim.efficiency import efficiency_for
 from scaletrain.sim.predict import Prediction, predict
-from scaletrain.sim.results import bundled_results, load_results
+from scaletrain.sim.results import bundled_results, bundled_skipped, load_results
 from scaletrain.sim.validate import cross_validate, cv_json, default_jobs, print_cv, score_dict
 from scaletrain.sim.workload import ClusterLayout, load_config, load_workload
 
@@ -90,7 +90,7 @@ def print_prediction(p: Prediction, out=sys.stdout) -> None:
     if p.time_to_train_min is not None:
         print(
             f"  time to train {p.time_to_train_min:.2f} min = {p.steps:g} steps x {p.step_time_s:.3f} s "
-            f"+ {p.evals:g} evaluations x {p.eval_time_s:.2f} s",
+            f"+ {p.evals:g} evaluations x {p.eval_time_s:.2f} s + warm-up {p.warmup_s or 0:.1f} s",
             file=out,
         )
 
@@ -156,7 +156,8 @@ def _results(paths: list[str]):
     A file that cannot be read at all (missing, wrong columns) is skipped as a whole; the others still count.
     """
     if not paths:
-        return bundled_results(), []
+        # Shipped rows the files do not give a layout for are named, not silently dropped.
+        return bundled_results(), bundled_skipped()
     from scaletrain.sim.results import ResultsError
 
     rows, errors = [], []

@@ -25,9 +25,19 @@ class Efficiency:
     overlap_slowdown: float = 0.1
     """Compute slowdown while DP communication runs underneath it, as a fraction of the hidden comm time."""
     step_overhead_s: float = 0.05
-    """Fixed cost per step (optimizer launch, synchronisation, host work not hidden by CUDA graphs)."""
+    """Constant host cost per step (optimizer launch, Python and data loading not hidden by CUDA graphs)."""
     eval_eff: float = 0.8
     """Evaluation forward throughput relative to the training forward."""
+    sync_log2_s: float = 0.002
+    """Per-step synchronisation latency per doubling of the ranks (tree-like collectives and barriers), seconds."""
+    straggler_cv: float = 0.01
+    """Relative per-rank jitter of the busy time: each step waits for the slowest of N (`fixed_costs`)."""
+    warmup_steps: float = 3.0
+    """Extra step-times the first steps of a run take (allocator growth, autotuning, CUDA graph capture)."""
+    comm_init_s: float = 0.3
+    """Communicator creation, seconds per process group and per doubling of its members (timed warm-up)."""
+    eval_fixed_s: float = 0.5
+    """Fixed seconds per evaluation besides its forward passes (mode switch, data loader, metric reduction)."""
 
     def to_dict(self) -> dict:
         """Plain dict."""
@@ -62,6 +72,7 @@ GENERATION = {
     "a100": "ampere",
     "h100": "hopper",
     "h200": "hopper",
+    "h200nvl": "hopper",
     "b200": "blackwell",
     "b300": "blackwell",
     "gb200": "blackwell",
