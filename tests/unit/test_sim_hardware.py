@@ -44,7 +44,7 @@ def _cluster(gpus: int, gpu: str, node: str | None = None) -> Cluster:
 # Catalog
 
 
-@pytest.mark.parametrize("key", BLACKWELL + AMD)
+@pytest.mark.parametrize("key", BLACKWELL + AMD + ("h200nvl",))
 def test_new_gpus_load_with_a_datasheet_source_and_ordered_peaks(key):
     g = CAT.gpu(key)
     vendor = "AMD" if key.startswith("mi") else "NVIDIA"

@@ -45,10 +45,14 @@ _AZURE = {"h100": "nd-h100-v5", "h200": "nd-h200-v5", "gb200": "nd-gb200-v6"}
 def host_network(interconnect: str) -> str:
     """The scale-out part of a results row's interconnect text: what follows "host:" up to the next "|" (v5 rows:
     "NVLINK Gen5 1800 GB/s | host: 8x ConnectX-7 IB NDR 400Gb/s | topo: ..."), else the text without its NVLink /
-    Infinity Fabric segments (older rows: "8x400Gb/s IB NDR")."""
+    Infinity Fabric segments (older rows: "8x400Gb/s IB NDR"). Where storage, compute and management networks are
+    listed, the compute one."""
     text = interconnect.lower()
     if "host:" in text:
-        return text.split("host:", 1)[1].split("|", 1)[0]
+        host = text.split("host:", 1)[1].split("|", 1)[0]
+        if "compute:" in host:  # "Storage: ..., Compute: 8x ConnectX-7 IB NDR, Management: 100Gb/s Ethernet"
+            host = re.split(r"management:|storage:", host.split("compute:", 1)[1])[0]
+        return host
     scale_up = ("nvlink", "nvswitch", "xgmi", "infinity fabric")
     return " | ".join(p for p in text.split("|") if not any(k in p for k in scale_up) and "topo:" not in p)
 
@@ -142,7 +146,9 @@ class _Row:
         self.rcp = expected_convergence(self.bench, row.gbs)
         self.ratio = 1.0
         lay = self.layout
-        self._key = (g.key, n.key, f.key, row.gpus, lay.tp, lay.pp, lay.vp, lay.cp, lay.mbs, lay.gbs, lay.fp8, lay.fp4)
+        # Inside one NVLink domain the scale-out fabric carries nothing: such rows share their cached steps.
+        fab = f.key if row.gpus > n.nvlink_domain else ""
+        self._key = (g.key, n.key, fab, row.gpus, lay.tp, lay.pp, lay.vp, lay.cp, lay.mbs, lay.gbs, lay.fp8, lay.fp4)
         self._uses_tp = lay.tp > 1
         self._uses_dp = lay.dp * lay.cp > 1
         self._comm_units = comm_init_units(lay)
@@ -152,6 +158,15 @@ class _Row:
         self._eval_passes = eval_passes(self.w, lay, mlperf.bench(self.bench).eval_tokens)
         self._obs = row.olympic_minutes
         self._log_obs = math.log(self._obs)
+        # A run's minutes grow with its steps and evaluations, which grow together, so the olympic mean always drops
+        # the runs with the fewest and the most steps (a failed run is the most): it is the run-time formula at the
+        # mean steps and evaluations of the others.
+        ordered: list[tuple[float, float]] = sorted((float(c.steps), float(c.evals)) for c in self.runs)
+        ordered += [(math.inf, math.inf)] * self.failed
+        kept = ordered[1:-1] if len(ordered) >= 3 else []
+        self._mid = (
+            (sum(k[0] for k in kept) / len(kept), sum(k[1] for k in kept) / len(kept)) if kept else (math.nan, math.nan)
+        )
 
     def step(self, eff: Efficiency, event: bool) -> StepResult:
         """The full step model (breakdown and all) at `eff`."""
@@ -200,7 +215,9 @@ class _Row:
 
     def log_error(self, eff: Efficiency) -> float:
         """log(predicted / published) of the olympic mean of the runs (closed form scaled by the event ratio)."""
-        return math.log(mlperf.olympic_mean(self.run_minutes(eff))) - self._log_obs
+        step, ev, warm = self.timing(eff)
+        steps, evals = self._mid
+        return math.log((warm + steps * step + evals * ev) / 60) - self._log_obs
 
     def refresh_ratio(self, eff: Efficiency) -> None:
         """Event-simulation / closed-form ratio of the core step at `eff`."""
