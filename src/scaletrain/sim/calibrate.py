@@ -46,7 +46,7 @@ BOUNDS = {
     "tp_exposed": (0.0, 1.0),
     "dp_overlap": (0.2, 1.0),
     "overlap_slowdown": (0.0, 0.6),
-    "step_overhead_s": (0.0, 0.5),
+    "step_overhead_s": (0.0, 0.1),
     "eval_eff": (0.3, 1.2),
     "sync_log2_s": (0.0, 0.1),
     "straggler_cv": (0.0, 0.05),
