@@ -338,7 +338,9 @@ def add_parsers(sub) -> None:
         p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
         p.add_argument("--node", help="node type (hgx-h100, nd-h200-v5, gb200-nvl72, hgx-b300, mi355x-oam, ...)")
         p.add_argument("--fabric", help="scale-out fabric (ib-ndr, ib-ndr-sharp, ib-xdr, ib-hdr, roce, roce-800)")
-        p.add_argument("--calibration", help="fitted efficiency set: v3.0, v3.1, v4.0, v4.1 (default newest), measured")
+        p.add_argument(
+            "--calibration", help="fitted efficiency set: v3.0, v3.1, v4.0, v4.1, v5.0, v5.1 (default newest), measured"
+        )
         p.add_argument("--catalog", action="append", default=[], metavar="TOML", help="extra hardware catalog file")
         p.add_argument("--gbs", type=int, default=0, help="global batch size (sequences)")
         p.add_argument(

@@ -84,7 +84,7 @@ GENERATION = {
 }
 
 DEFAULT_GEMM_EFF = Efficiency().gemm_eff
-"""gemm_eff of a generation no release has a fitted set for (Ampere, CDNA 3, CDNA 4 in the shipped file): the
+"""gemm_eff of a generation no release has a fitted set for (Ampere and CDNA 4 in the shipped file): the
 model's prior for a mature kernel library. The kernels' own distance from the datasheet peak is already in the
 catalog's matmul ceilings (measured, or for AMD the peak x H100's measured ceiling/peak), so this only covers how
 much of that ceiling a training step keeps."""
@@ -102,15 +102,15 @@ def generation(gpu: str) -> str:
 
 
 def efficiency_for(release: str | None, gpu: str) -> tuple[str, Efficiency]:
-    """(set name, Efficiency) for a release ("v3.0" ... "v4.1"; None/"latest" = newest) on `gpu`.
+    """(set name, Efficiency) for a release ("v3.0" ... "v5.1"; None/"latest" = newest) on `gpu`.
 
     The lookup, most specific first:
     1. the set fitted on the GPU's generation in that release ("v4.1/hopper");
     2. the generation's set from the nearest release that has one (the newest older one, else the oldest newer
        one): a generation's kernels matter more than the release ("v4.1/blackwell for v4.0");
-    3. a generation no release was fitted on (Ampere, CDNA 3, CDNA 4 in the shipped file) gets the documented
+    3. a generation no release was fitted on (Ampere and CDNA 4 in the shipped file) gets the documented
        default "<release>/<generation> (default)": the release's fitted scalars, which the calibration shares
-       across generations (TP exposure, DP overlap and slowdown, per-step overhead, evaluation efficiency: taken
+       across generations (TP exposure, DP overlap and slowdown, evaluation efficiency, the fixed costs: taken
        from the release's Hopper set, else its first), with gemm_eff = DEFAULT_GEMM_EFF.
     """
     sets = load_efficiencies()["sets"]
