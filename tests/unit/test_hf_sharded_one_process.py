@@ -17,6 +17,8 @@ from scaletrain.model.build import build_model  # noqa: E402
 LLAMA = ModelConfig(arch="llama", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=96, seq_len=32,
                     vocab_size=250)
 GPT = ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=32, vocab_size=250)
+LLAMA31 = ModelConfig(arch="llama31", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=96, seq_len=32,
+                      vocab_size=250, rope_original_seq_len=8)
 
 
 def _export(cfg, out):
@@ -41,7 +43,8 @@ def _split(src, out):
     return out
 
 
-@pytest.mark.parametrize("cfg, importer", [(LLAMA, import_llama_hf), (GPT, import_gpt2_hf)], ids=["llama", "gpt2"])
+@pytest.mark.parametrize("cfg, importer", [(LLAMA, import_llama_hf), (LLAMA31, import_llama_hf), (GPT, import_gpt2_hf)],
+                         ids=["llama", "llama31", "gpt2"])
 def test_one_rank_reads_every_byte_once_into_the_imported_state(cfg, importer, tmp_path):
     out = _export(cfg, tmp_path / "hf")
     model = build_model(cfg, seed=9)

@@ -85,7 +85,7 @@ def test_export_loads_in_transformers_with_equal_logits_and_round_trips(trained,
 def test_import_refuses_what_llama_cannot_represent(hf_dir, tmp_path):
     path, _ = hf_dir
     meta = json.loads((path / "config.json").read_text())
-    for change in ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0}},
+    for change in ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 8.0}},
                    {"attention_bias": True}, {"model_type": "mistral"}):
         bad = tmp_path / "bad"
         bad.mkdir(exist_ok=True)

@@ -63,6 +63,8 @@ def test_inventory_lora_parameters_equal_the_real_adapters(kind, extra):
         ("llama2-70b-lora", ['lora.targets=["qkv", "proj", "fc1", "fc2"]']),
         ("gpt3-proxy", ["lora.rank=8"]),
         ("llama2-7b", ["model.seq_len=8192"]),
+        ("llama31-8b", []),
+        ("llama31-405b", []),
     ],
 )
 def test_inventory_flops_equal_the_trainers(preset, extra):

@@ -76,3 +76,45 @@ def test_predict_from_config_reports_a_bad_layout_in_one_line(capsys):
     assert main(["predict", "--from-config", "--model", "gpt3-175b", "--gpus", "10", "--parallel.tp", "4"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("scaletrain: error:") and len(err.splitlines()) == 1 and "world size 10" in err
+
+
+# (trainer overrides, world size): HSDP x CP x TP(+SP) with FP8 and 2-sequence micro-batches; DDP; FSDP x
+# interleaved PP.
+FROM_FILE = [
+    (["parallel.tp=2", "parallel.cp=2", "parallel.dp_replicate=2", "train.fp8=true", "train.micro_batch_size=2",
+      "train.global_batch_size=16"], 16),
+    (["parallel.dp_replicate=4", "parallel.dp_shard=1", "train.global_batch_size=8", "train.micro_batch_size=1"], 4),
+    (["parallel.pp=2", "parallel.pp_virtual=2", "parallel.pp_schedule=interleaved_1f1b", "train.global_batch_size=8",
+      "train.micro_batch_size=1"],
+     8),
+]
+
+
+@pytest.mark.parametrize("overrides,world", FROM_FILE)
+def test_predict_from_config_file_prices_the_layout_train_dry_run_runs(tmp_path, capsys, overrides, world):
+    cfg = resolve("gpt3-proxy", overrides=overrides)
+    path = str(cfg.save(tmp_path))
+    # Another preset under the file: a run's config.json holds every field, so the file alone decides.
+    assert main(["train", "--dry-run", "--json", "--preset", "gpt3-175b", "--config", path,
+                 "--world-size", str(world)]) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert main(["predict", "--from-config", path, "--world-size", str(world), "--json"]) == 0
+    pred = json.loads(capsys.readouterr().out)
+    lay, deg = pred["layout"], dry["degrees"]
+    dp = deg["dp_replicate"] * deg["dp_shard"]
+    assert (lay["gpus"], lay["tp"], lay["pp"], lay["cp"], lay["dp"]) == (world, deg["tp"], deg["pp"], deg["cp"], dp)
+    assert (lay["vp"], lay["mbs"], lay["gbs"], lay["fp8"]) == (
+        cfg.parallel.pp_virtual, cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.train.fp8)
+    sharded = dry["data_parallel"] in ("fsdp", "hsdp")
+    assert lay["zero"] == (3 if sharded else 0)
+    assert lay.get("shard_group", 0) == (deg["dp_shard"] * deg["cp"] if dry["data_parallel"] == "hsdp" else 0)
+    # One memory model; with pipelining predict takes its in-flight micro-batches from the simulated schedule.
+    rel = 1e-9 if deg["pp"] == 1 else 0.02
+    assert pred["memory_gib_per_gpu"] == pytest.approx(dry["max_memory_gib"], rel=rel)
+
+
+def test_predict_world_size_the_layout_does_not_divide_is_one_line(tmp_path, capsys):
+    path = str(resolve("gpt3-proxy", overrides=["parallel.tp=2", "parallel.cp=2"]).save(tmp_path))
+    assert main(["predict", "--from-config", path, "--world-size", "6"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("scaletrain: error:") and len(err.splitlines()) == 1 and "world size 6" in err

@@ -30,8 +30,10 @@ if TYPE_CHECKING:
     from scaletrain.model.build import Decoder
 
 # Fields that decide tensor shapes and meaning; seq_len may differ (RoPE needs no table; gpt3's table is checked
-# through its shape).
+# through its shape). The rotary frequencies change what the weights mean, the llama3 factors when both scale.
 _SHAPE_FIELDS = ("arch", "n_layers", "d_model", "n_heads", "kv_heads", "ffn_size", "padded_vocab")
+_ROPE_FIELDS = ("rope_base", "rope_kind")
+_LLAMA3_FIELDS = ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_seq_len")
 
 
 def _newest_checkpoint(path: Path) -> Path | None:
@@ -155,9 +157,8 @@ def _read_hf(p: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
 
 def check_compatible(want: ModelConfig, have: ModelConfig, where: str) -> None:
     """One-line CheckpointError when the saved model's shapes differ from the configured one."""
-    diffs = [
-        f"{f} {getattr(have, f)} != {getattr(want, f)}" for f in _SHAPE_FIELDS if getattr(have, f) != getattr(want, f)
-    ]
+    fields = _SHAPE_FIELDS + _ROPE_FIELDS + (_LLAMA3_FIELDS if want.rope_kind == have.rope_kind == "llama3" else ())
+    diffs = [f"{f} {getattr(have, f)} != {getattr(want, f)}" for f in fields if getattr(have, f) != getattr(want, f)]
     if diffs:
         raise CheckpointError(f"checkpoint.init_from={where}: saved model does not match model.*: {', '.join(diffs)}")
 

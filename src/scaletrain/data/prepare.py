@@ -101,7 +101,8 @@ def text_pieces(text: str, size: int = ENCODE_PIECE_CHARS) -> Iterator[str]:
     which is exactly the one "▁" the run collapses to in context, and no SentencePiece token spans a space. The
     seam is the last such run start in the second half of the window; a window without one (e.g. one 1 MB
     "word", or text without spaces such as Chinese) is cut at `size` characters, and only there may the tokens
-    differ from whole-text encoding.
+    differ from whole-text encoding. The same seams hold for a byte-level BPE tokenizer.json (GPT-2's and Llama 3's
+    pre-tokenizer regexes start a pre-token at such a space and merge only within pre-tokens).
     """
     n, start = len(text), 0
     while n - start > size:

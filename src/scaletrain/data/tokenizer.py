@@ -1,4 +1,7 @@
-"""SentencePiece BPE tokenizer, trained with MLPerf gpt3's settings where they apply.
+"""Tokenizers: a SentencePiece .model (trained here with MLPerf gpt3's settings) or any Hugging Face tokenizer.json.
+
+`Tokenizer(path)` opens either kind (a tokenizer.json is told by its leading "{"; scaletrain.data.bpe reads it and
+trains the byte-level BPE the Llama 3.1 proxies use); both are pinned by the sha256 of the file's bytes.
 
 MLPerf gpt3's C4 tokenizer: BPE, pad 0, eos 1, unk 2, no bos, split digits, byte fallback,
 character coverage 0.9995. One addition: "\\n" is a user-defined piece. SentencePiece's default
@@ -15,6 +18,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+from .bpe import TokenizerJSON, looks_like_json, train_bpe
 from .indexed import DataError
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
@@ -46,11 +50,15 @@ def train_tokenizer(
     vocab_size: int,
     max_train_bytes: int = MAX_TRAIN_BYTES,
     num_threads: int | None = None,
+    bpe: bool = False,
 ) -> Path:
     """Train a SentencePiece BPE model on plain-text files; write MODEL_PREFIX.model and return its path.
 
-    Each non-empty line is one training sentence. Deterministic for the same inputs.
+    Each non-empty line is one training sentence. Deterministic for the same inputs. `bpe`: train a byte-level
+    BPE tokenizer.json instead (scaletrain.data.bpe.train_bpe) and write MODEL_PREFIX.json.
     """
+    if bpe:
+        return train_bpe(text_files, f"{model_prefix}.json", vocab_size)
     import sentencepiece as spm
 
     files = [Path(p) for p in text_files]
@@ -95,66 +103,75 @@ def train_tokenizer(
 
 
 class Tokenizer:
-    """A SentencePiece .model file, loaded once; ids are what the datasets store."""
+    """A tokenizer file, loaded once: a SentencePiece .model or a Hugging Face tokenizer.json (`kind` says which);
+    ids are what the datasets store."""
 
     def __init__(self, path: str | Path) -> None:
-        import sentencepiece as spm
-
         self.path = Path(path)
         if not self.path.is_file():
             raise DataError(f"{self.path}: no such tokenizer model file")
         data = self.path.read_bytes()
         self.sha256 = hashlib.sha256(data).hexdigest()
+        self._json: TokenizerJSON | None = None
+        if looks_like_json(data):
+            self.kind = "json"
+            self._json = TokenizerJSON(self.path, data)
+            return
+        import sentencepiece as spm
+
+        self.kind = "sentencepiece"
         self._sp = spm.SentencePieceProcessor()
         try:
             self._sp.LoadFromSerializedProto(data)
         except (RuntimeError, OSError, TypeError) as exc:
-            raise DataError(f"{self.path}: not a SentencePiece model ({exc})") from None
+            raise DataError(f"{self.path}: not a SentencePiece model or tokenizer.json ({exc})") from None
         if self._sp.get_piece_size() <= 0:
             raise DataError(f"{self.path}: SentencePiece model has an empty vocabulary")
 
     @property
     def vocab_size(self) -> int:
-        """Number of pieces (ids are 0 .. vocab_size-1)."""
-        return int(self._sp.get_piece_size())
+        """Number of ids (0 .. vocab_size-1; a tokenizer.json's added tokens included)."""
+        return self._json.vocab_size if self._json else int(self._sp.get_piece_size())
 
     @property
     def eos_id(self) -> int:
-        """End-of-sequence id (1 for models from train_tokenizer)."""
-        return int(self._sp.eos_id())
+        """End-of-sequence id (1 for models from train_tokenizer and train_bpe), -1 when there is none."""
+        return self._json.ids["eos"] if self._json else int(self._sp.eos_id())
 
     @property
     def pad_id(self) -> int:
-        """Padding id (0 for models from train_tokenizer)."""
-        return int(self._sp.pad_id())
+        """Padding id (0 for models from train_tokenizer and train_bpe), -1 when there is none."""
+        return self._json.ids["pad"] if self._json else int(self._sp.pad_id())
 
     @property
     def unk_id(self) -> int:
-        """Unknown-piece id (2 for models from train_tokenizer; rare thanks to byte fallback)."""
-        return int(self._sp.unk_id())
+        """Unknown-piece id (2 for models from train_tokenizer; -1 for a byte-level BPE, which needs none)."""
+        return self._json.ids["unk"] if self._json else int(self._sp.unk_id())
 
     @property
     def bos_id(self) -> int:
-        """Beginning-of-sequence id, -1 when the model has none (MLPerf gpt3 has none)."""
-        return int(self._sp.bos_id())
+        """Beginning-of-sequence id, -1 when the model has none (MLPerf gpt3 has none; train_bpe's is 2)."""
+        return self._json.ids["bos"] if self._json else int(self._sp.bos_id())
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; no bos/eos added."""
-        return self._sp.encode(text, out_type=int)
+        return self._json.encode(text) if self._json else self._sp.encode(text, out_type=int)
 
     def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
-        """encode() over many texts, in parallel inside SentencePiece."""
+        """encode() over many texts, in parallel inside the library."""
         if not texts:
             return []
+        if self._json:
+            return self._json.encode_batch(texts)
         return self._sp.encode(list(texts), out_type=int, num_threads=num_threads or (os.cpu_count() or 1))
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of token ids (pad/eos dropped)."""
-        return self._sp.decode([int(i) for i in ids])
+        return self._json.decode(ids) if self._json else self._sp.decode([int(i) for i in ids])
 
     def id_to_piece(self, i: int) -> str:
         """The piece string of one id (for debugging and tests)."""
-        return self._sp.id_to_piece(int(i))
+        return self._json.id_to_piece(i) if self._json else self._sp.id_to_piece(int(i))
 
     def __repr__(self) -> str:
         return f"Tokenizer({str(self.path)!r}, vocab_size={self.vocab_size}, sha256={self.sha256[:12]})"

@@ -46,20 +46,35 @@ from scaletrain.log import get_logger
 from scaletrain.model.lora import LoraLinear
 
 
+class _ImportNoise(logging.Filter):
+    """Drops exactly the import-time records that say nothing the user can act on; everything else passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        if record.name == "torchao" and msg.startswith("Failed to load ") and "torchao/_C" in msg:
+            # torchao's CUDA kernel libraries (_C_mxfp8, _C_cutlass_90a, ...) on a CPU-only torch, where they cannot
+            # exist; FP8 training needs none of them. On a CUDA or ROCm build a failed load stays visible.
+            return torch.version.cuda is not None or torch.version.hip is not None
+        if record.name == "torch.utils._pytree" and msg.startswith("%s is an Enum subclass"):
+            # torch 2.13 deprecates registering an Enum as a pytree constant, which torchao's KernelPreference does.
+            cls = record.args[0] if isinstance(record.args, tuple) and record.args else None
+            return not getattr(cls, "__module__", "").startswith("torchao")
+        return True
+
+
 @contextlib.contextmanager
 def _quiet_import():
-    # Import-time noise on every FP8 run's stderr that the user can do nothing about: torch 2.13 logs a deprecation
-    # when torchao registers an Enum as a pytree constant, and torchao logs each CUDA-only kernel library it cannot
-    # load on a CPU-only torch (FP8 training needs none of them).
+    # torchao logs these through `logging` (not print or warnings) while it is imported: the filter sits on the two
+    # loggers that emit them for the duration of the import only.
     loggers = [logging.getLogger(name) for name in ("torch.utils._pytree", "torchao")]
-    levels = [lg.level for lg in loggers]
+    noise = _ImportNoise()
     for lg in loggers:
-        lg.setLevel(logging.ERROR)
+        lg.addFilter(noise)
     try:
         yield
     finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
+        for lg in loggers:
+            lg.removeFilter(noise)
 
 
 with _quiet_import():  # ImportError without the [fp8] extra: callers report it

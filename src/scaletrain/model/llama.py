@@ -1,7 +1,9 @@
 """The Llama decoder (= Hugging Face `LlamaForCausalLM`), single-device and plain, with GPT's parallelism seams.
 
 RMSNorm (eps from config) before attention and MLP plus a final one, rotary positions (HF convention: rotate_half,
-theta ROPE_THETA), grouped-query attention, SwiGLU MLP, no biases, untied output layer, N(0, init_std) init.
+base `cfg.rope_base`, optionally Llama 3.1's "llama3" frequency scaling), grouped-query attention, SwiGLU MLP, no
+biases, untied output layer, N(0, init_std) init. Llama 2 and Llama 3.1 (model.arch "llama", "llama31") are this
+one class; they differ only in the rotary frequencies.
 It offers the seams `scaletrain.parallel` uses on GPT, under the same names, so tensor, pipeline, context and data
 parallelism apply unchanged: `embed.tok`, `blocks.<i>.{ln1,attn.qkv,attn.proj,attn.core,ln2,mlp.fc,mlp.proj}`,
 `ln_f`, `head`, heads counted from the local qkv width, and a pipeline stage is this class with modules set to None.
@@ -22,6 +24,9 @@ states, still rotates with the right positions.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,7 +36,52 @@ from scaletrain.model.gpt import causal_attention
 from scaletrain.model.init import normal_
 
 ROPE_THETA = 10000.0
-"""Rotary base (Llama 1/2 and HF's default). A module constant, not a config field: every preset uses it."""
+"""Llama 2's rotary base (and HF's default); Llama 3.1's is 500,000 (scaletrain.architectures)."""
+
+
+@dataclass(frozen=True)
+class Rope:
+    """Rotary frequencies of a model config: base, and the "llama3" scaling's parameters when `scaling` is set."""
+
+    theta: float
+    scaling: str = "none"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_seq_len: int = 8192
+
+    @classmethod
+    def of(cls, cfg: ModelConfig) -> Rope:
+        """The resolved rotary settings of `cfg` (architecture defaults filled in)."""
+        return cls(
+            cfg.rope_base,
+            cfg.rope_kind,
+            cfg.rope_factor,
+            cfg.rope_low_freq_factor,
+            cfg.rope_high_freq_factor,
+            cfg.rope_original_seq_len,
+        )
+
+    def inv_freq(self, head_dim: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """fp32 inverse frequencies [head_dim/2], in the order of operations of HF's rope init functions.
+
+        llama3: a wavelength 2*pi/f above original/low_freq_factor is stretched `factor` times, one below
+        original/high_freq_factor is kept, and the band between blends the two linearly in original/wavelength.
+        """
+        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+        inv_freq = 1.0 / (self.theta**exponent)
+        if self.scaling != "llama3":
+            return inv_freq
+        low_wavelen = self.original_seq_len / self.low_freq_factor
+        high_wavelen = self.original_seq_len / self.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        stretched = torch.where(wavelen > low_wavelen, inv_freq / self.factor, inv_freq)
+        smooth = (self.original_seq_len / wavelen - self.low_freq_factor) / (
+            self.high_freq_factor - self.low_freq_factor
+        )
+        blended = (1 - smooth) * stretched / self.factor + smooth * stretched
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(medium, blended, stretched)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -40,14 +90,16 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, dtype: torch.dtype, rope: Rope | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [seq, head_dim] of `positions`, computed in fp32 exactly as HF's LlamaRotaryEmbedding.
 
     Computed per call rather than cached in a buffer: buffers built on the meta device would come out of
-    `to_empty` uninitialised, and the cost (seq x head_dim/2 products) is negligible next to the GEMMs.
+    `to_empty` uninitialised, and the cost (seq x head_dim/2 products) is negligible next to the GEMMs. `rope`
+    defaults to Llama 2's (base 10,000, no scaling).
     """
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim
-    inv_freq = 1.0 / (ROPE_THETA**exponent)
+    inv_freq = (rope or Rope(ROPE_THETA)).inv_freq(head_dim, positions.device)
     with torch.autocast(device_type=positions.device.type, enabled=False):
         freqs = positions.float()[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -64,6 +116,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, (cfg.n_heads + 2 * cfg.kv_heads) * self.head_dim, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.core = causal_attention  # context parallelism swaps in a sequence-sharded implementation
+        self.rope = Rope.of(cfg)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         b, s, _ = x.shape
@@ -76,7 +129,7 @@ class Attention(nn.Module):
         if positions is None:
             core_positions = getattr(self.core, "positions", None)
             positions = core_positions(s, x.device) if core_positions else torch.arange(s, device=x.device)
-        cos, sin = rope_cos_sin(positions, hd, q.dtype)
+        cos, sin = rope_cos_sin(positions, hd, q.dtype, self.rope)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         if r > 1:

@@ -86,6 +86,13 @@ MODELS: dict[str, ModelSpec] = {
             hf_adapter="llama",
             hf_class="LlamaForCausalLM",
         ),
+        # Llama 3.1 is the Llama module with other rotary frequencies (model/llama.py's Rope), and HF's same class.
+        ModelSpec(
+            name="llama31",
+            build=_build_llama,
+            hf_adapter="llama",
+            hf_class="LlamaForCausalLM",
+        ),
     )
 }
 """model.arch -> spec; read at call time, so a test can register another architecture."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from scaletrain.sim.catalog import load_catalog
 from scaletrain.sim.efficiency import efficiency_for
 from scaletrain.sim.predict import Prediction, predict
 from scaletrain.sim.results import bundled_results, bundled_skipped, load_results
+from scaletrain.sim.run_lines import plan_run_lines, print_run_lines
 from scaletrain.sim.validate import cross_validate, cv_json, default_jobs, print_cv, score_dict
 from scaletrain.sim.workload import ClusterLayout, load_config, load_workload
 
@@ -63,7 +63,7 @@ def _fmt_min(x) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
 
 
-def print_prediction(p: Prediction, out=sys.stdout) -> None:
+def print_prediction(p: Prediction, out=None) -> None:
     """Human-readable prediction with its breakdown."""
     lay = p.layout
     print(f"{p.model} on {p.gpus:,} x {p.gpu} ({p.node}, {p.fabric}), calibration {p.calibration}", file=out)
@@ -107,8 +107,10 @@ def _sim_inputs(args):
 def cmd_predict(args) -> int:
     """Predict step time, throughput, MFU, memory and MLPerf time-to-train for one layout on one cluster."""
     if args.from_config:
-        # The layout as `scaletrain train` would run it: parallel.* and train.* fields of the config, at --gpus ranks.
-        w, layout = _sim_inputs(args)(load_config(args.model, tuple(args.set)), args.gpus)
+        # The layout as `scaletrain train --dry-run --world-size N` would run it: parallel.* and train.* fields of
+        # the config (FILE over the --model preset, then --set), at N ranks.
+        config_file = args.from_config if isinstance(args.from_config, str) else None
+        w, layout = _sim_inputs(args)(load_config(args.model, tuple(args.set), config_file), args.gpus)
     else:
         w, layout = load_workload(args.model, tuple(args.set)), _layout(args)
     p = predict(w, layout, args.gpu, args.node, args.fabric, args.calibration, catalog=load_catalog(args.catalog))
@@ -135,18 +137,25 @@ def cmd_plan(args) -> int:
         gbs=args.gbs,
         catalog=load_catalog(args.catalog),
         fp4=args.fp4,
+        as_trained=args.as_trained,
     )
+    cat = load_catalog(args.catalog)
+    runs = [
+        plan_run_lines(args.model, args.set, p.layout, p.gpu, cat.node(p.node).gpus_per_node, _sim_inputs(args))
+        for p in res.best
+    ]
     if args.json:
-        print(json.dumps([p.to_dict() for p in res.best], indent=2))
+        print(json.dumps([{**p.to_dict(), **run} for p, run in zip(res.best, runs)], indent=2))
         return 0 if res.best else 1
     print(f"searched {res.searched:,} layouts, {res.feasible:,} feasible, in {res.seconds:.2f} s")
     if not res.best:
         reasons = getattr(res, "rejected", {}) or {}
         print("nothing fits; most common reasons: " + "; ".join(f"{r} ({n})" for r, n in list(reasons.items())[:3]))
         return 1
-    for i, p in enumerate(res.best, 1):
+    for i, (p, run) in enumerate(zip(res.best, runs), 1):
         print(f"#{i}", end=" ")
         print_prediction(p)
+        print_run_lines(run)
     return 0
 
 
@@ -335,7 +344,7 @@ def add_parsers(sub) -> None:
             default="h100",
             help="a100, h100, h200, b200, b300, gb200, gb300, mi300x, mi325x, mi350x, mi355x or a catalog key",
         )
-        p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
+        p.add_argument("--gpus", "--world-size", dest="gpus", type=int, required=True, help="number of GPUs (= ranks)")
         p.add_argument("--node", help="node type (hgx-h100, nd-h200-v5, gb200-nvl72, hgx-b300, mi355x-oam, ...)")
         p.add_argument("--fabric", help="scale-out fabric (ib-ndr, ib-ndr-sharp, ib-xdr, ib-hdr, roce, roce-800)")
         p.add_argument(
@@ -377,14 +386,24 @@ def add_parsers(sub) -> None:
     common(p, True)
     p.add_argument(
         "--from-config",
-        action="store_true",
-        help="take the layout from the trainer config (--model preset, --set / --parallel.* / --train.* fields) "
-        "as `scaletrain train --dry-run --world-size GPUS` would run it (FSDP = ZeRO-3); layout flags are ignored",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="FILE",
+        help="take the layout from the trainer config: FILE (a run's config.json or a TOML, as `train --config` "
+        "reads it; optional) over the --model preset, then --set / --parallel.* / --train.* fields, as `scaletrain "
+        "train --dry-run --world-size N` would run it (FSDP/HSDP = ZeRO-3, DDP = ZeRO-0); layout flags are ignored",
     )
     p.set_defaults(func=cmd_predict)
     p = sub.add_parser("plan", help="search parallel layouts for a cluster", description=cmd_plan.__doc__)
     common(p, False)
     p.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
+    p.add_argument(
+        "--as-trained",
+        action="store_true",
+        help="price what `scaletrain train` runs (FSDP2 = ZeRO-3 over dp·cp at every pipeline depth, fp32 gradient "
+        "reduction) instead of Megatron's MLPerf recipe (distributed optimizer, bf16 gradients under FP8)",
+    )
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("sim", help="validate, plot and calibrate the performance model")

@@ -88,15 +88,16 @@ def _batches(unit: int, pp: int, vp: int, lo: int, hi: int) -> list[int]:
     return sorted(out)
 
 
-def _fitting(w: Workload, lay: ClusterLayout, hbm_gb: float) -> tuple[list[ClusterLayout], float]:
+def _fitting(w: Workload, lay: ClusterLayout, hbm_gb: float, as_trained: bool = False) -> tuple[list, float]:
     """The memory variants of `lay` worth pricing, and the smallest memory seen (bytes).
 
     With ZeRO-1 the cheapest recompute level that fits. ZeRO-3 only when ZeRO-1 needs recomputation or does not fit
     at all: with the same recomputation it saves memory only by adding parameter gathers (so not even for small
     models, which fit under ZeRO-1 anyway). And only without a pipeline: Megatron's pipeline does not run with
-    ZeRO-3, and `step` prices its gathers once per step, whereas a stage re-gathers for each micro-batch."""
+    ZeRO-3, and `step` prices its gathers once per step, whereas a stage re-gathers for each micro-batch.
+    `as_trained`: ZeRO-3 only, at every pipeline depth, as scaletrain's FSDP2 (over dp·cp) runs it."""
     out, least = [], float("inf")
-    for zero in (1, 3) if lay.pp == 1 else (1,):
+    for zero in (3,) if as_trained else (1, 3) if lay.pp == 1 else (1,):
         for rc in RECOMPUTE:
             var = replace(lay, zero=zero, recompute=rc)
             est = memory.memory_per_gpu(w, var)
@@ -162,13 +163,17 @@ def plan(
     objective: str = "auto",
     catalog=None,
     fp4: bool = False,
+    as_trained: bool = False,
 ) -> PlanResult:
     """The `top` best layouts of `w` on `gpus` GPUs of kind `gpu` (node and fabric as in `predict`).
 
     `objective`: "ttt" (MLPerf time-to-train; the "auto" choice for benchmark workloads), "throughput" (tokens/s
     per GPU; "auto" otherwise). `gbs` fixes the global batch; otherwise benchmark workloads search batches inside
     the RCP table's range and others use DEFAULT_GBS. `fp8` fixes the precision; otherwise both are tried where the
-    GPU has FP8. `fp4` searches only FP4 layouts (FP4 GEMMs on the FP8 recipe). ValueError for an impossible request (ttt on a non-benchmark, FP8 on a GPU without it, ...).
+    GPU has FP8. `fp4` searches only FP4 layouts (FP4 GEMMs on the FP8 recipe). `as_trained` prices what `scaletrain
+    train` runs instead of Megatron's recipe: FSDP2 (ZeRO-3 over dp·cp) at every pipeline depth, gradients reduced in
+    fp32 (also under FP8), no FP4. ValueError for an impossible request (ttt on a non-benchmark, FP8 on a GPU
+    without it, ...).
     """
     start = time.perf_counter()
     if gpus < 1 or top < 1:
@@ -187,6 +192,8 @@ def plan(
         raise ValueError(f"{g.key} has no FP8 tensor cores")
     precisions = (fp8,) if fp8 is not None else ((True, False) if g.fp8_tflops > 0 else (False,))
     if fp4:
+        if as_trained:
+            raise ValueError("the trainer has no FP4 recipe: --fp4 and --as-trained exclude each other")
         if g.fp4_tflops <= 0:
             raise ValueError(f"{g.key} has no FP4 tensor cores")
         precisions = (True,)
@@ -221,9 +228,19 @@ def plan(
             for b in batches:
                 for prec in precisions:
                     searched += 1
-                    # FP8 runs follow NVIDIA's MLPerf recipes, which reduce gradients in bf16 (as `calibrate` does).
+                    # FP8 runs follow NVIDIA's MLPerf recipes, which reduce gradients in bf16 (as `calibrate` does);
+                    # the trainer reduces them in fp32.
                     lay = ClusterLayout(
-                        gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, mbs=mbs, gbs=b, fp8=prec, bf16_grads=prec, fp4=fp4
+                        gpus=gpus,
+                        tp=tp,
+                        pp=pp,
+                        vp=vp,
+                        cp=cp,
+                        mbs=mbs,
+                        gbs=b,
+                        fp8=prec,
+                        bf16_grads=prec and not as_trained,
+                        fp4=fp4,
                     )
                     problems = lay.problems(w)
                     if problems:
@@ -232,7 +249,7 @@ def plan(
                     # Memory sees the GBS only through the in-flight count, which stops growing at m = 2*pp.
                     key = (tp, pp, vp, cp, mbs, prec, min(lay.microbatches, 2 * pp))
                     if key not in fit_cache:
-                        fit_cache[key] = _fitting(w, lay, g.hbm_gb)
+                        fit_cache[key] = _fitting(w, lay, g.hbm_gb, as_trained)
                     variants, least = fit_cache[key]
                     if not variants:
                         least_mem = min(least_mem, least)

@@ -117,12 +117,13 @@ def model_shape(cfg: Config) -> ModelShape:
     )
 
 
-def load_config(model: str, overrides: tuple[str, ...] = ()) -> Config:
-    """The trainer config of a preset name (or benchmark alias: "gpt3", "llama2_70b_lora"), with --set overrides."""
+def load_config(model: str, overrides: tuple[str, ...] = (), config_file: str | None = None) -> Config:
+    """The trainer config of a preset name (or benchmark alias: "gpt3", "llama2_70b_lora"), then `config_file`
+    (TOML, or a run's config.json, as `train --config` reads it), then --set overrides."""
     alias = benchmarks.BENCHMARKS.get(model)  # a benchmark name means its reference preset
     preset = alias.reference_preset if alias else model
     try:
-        return resolve(preset, overrides=list(overrides))
+        return resolve(preset, config_file, overrides=list(overrides))
     except ConfigError as exc:
         raise ConfigError(f"--model {model}: {exc}") from None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 
 import torch
@@ -31,6 +32,9 @@ def init_distributed(device: torch.device, timeout_s: float = 1800.0) -> tuple[i
     if device.type == "cuda":
         torch.cuda.set_device(local_rank())
     backend = "nccl" if device.type == "cuda" else "gloo"
+    # A native crash on one rank (segfault, abort in a communicator thread) otherwise leaves only the launcher's
+    # "Signal 11 received"; the Python stacks of every thread say where each rank was.
+    faulthandler.enable(all_threads=True)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size()
 

@@ -1,8 +1,10 @@
 """Hugging Face Llama format export and import of scaletrain llama weights (`transformers.LlamaForCausalLM`).
 
-Our Llama is HF's at any size (RMSNorm, rotate_half rotary positions with theta `ROPE_THETA`, GQA, SwiGLU, no
-biases, untied head), so an export is `config.json` + `model.safetensors` that `LlamaForCausalLM.from_pretrained`
-loads with no custom code. Two fused weights are converted (row orders documented in `model/llama.py`):
+Our Llama is HF's at any size (RMSNorm, rotate_half rotary positions with any base and the "llama3" frequency
+scaling of Llama 3.1, GQA, SwiGLU, no biases, untied head), so an export is `config.json` + `model.safetensors`
+that `LlamaForCausalLM.from_pretrained` loads with no custom code. Llama 2 and Llama 3.1 (model.arch "llama",
+"llama31") share this converter; config.json carries the rotary base and scaling, and "scaletrain_arch".
+Two fused weights are converted (row orders documented in `model/llama.py`):
 
 * `attn.qkv` rows (kv_group, [q_0..q_{r-1}, k, v], head_dim) <-> `q_proj` (n_heads*hd), `k_proj`, `v_proj`
   (n_kv_heads*hd each). HF's q/k rows are already in rotate_half order (its converter permuted Meta's
@@ -15,10 +17,12 @@ tokenizer's real size under "scaletrain_vocab_size".
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
 
+from scaletrain import architectures
 from scaletrain.checkpoint.hf.common import (
     check_state_shapes,
     load_tensors,
@@ -27,7 +31,8 @@ from scaletrain.checkpoint.hf.common import (
     vocab_multiple_for,
 )
 from scaletrain.config import ModelConfig
-from scaletrain.model.llama import ROPE_THETA
+from scaletrain.model.llama import Rope
+from scaletrain.model.spec import model_spec
 
 # Ours -> HF, per block, for the weights that need no conversion.
 _PLAIN = {
@@ -74,7 +79,23 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _rope_json(rope: Rope) -> tuple[dict | None, dict]:
+    """HF's rope_scaling (transformers 4.x; None without scaling) and rope_parameters (5.x) of `rope`."""
+    if rope.scaling != "llama3":
+        return None, {"rope_type": "default", "rope_theta": rope.theta}
+    scaling = {
+        "rope_type": "llama3",
+        "factor": rope.factor,
+        "low_freq_factor": rope.low_freq_factor,
+        "high_freq_factor": rope.high_freq_factor,
+        "original_max_position_embeddings": rope.original_seq_len,
+    }
+    return scaling, {**scaling, "rope_theta": rope.theta}
+
+
 def _hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
+    rope = Rope.of(cfg)
+    rope_scaling, rope_parameters = _rope_json(rope)
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -94,9 +115,9 @@ def _hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
         "tie_word_embeddings": False,
         "initializer_range": cfg.init_std,
         # transformers 4.x reads rope_theta/rope_scaling, 5.x rope_parameters; write both.
-        "rope_theta": ROPE_THETA,
-        "rope_scaling": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+        "rope_theta": rope.theta,
+        "rope_scaling": rope_scaling,
+        "rope_parameters": rope_parameters,
         "bos_token_id": None,
         "eos_token_id": None,
         "pad_token_id": None,
@@ -104,6 +125,7 @@ def _hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
         "dtype": str(dtype).removeprefix("torch."),
         "scaletrain_vocab_size": cfg.vocab_size,
         "scaletrain_vocab_multiple": cfg.vocab_multiple,
+        "scaletrain_arch": cfg.arch,
     }
 
 
@@ -141,12 +163,51 @@ def export_llama_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_d
     return publish_hf_dir(Path(out_dir), _hf_config(cfg, dtype), out, "export_llama_hf")
 
 
-def _rope_theta(hf: dict) -> tuple[float, str | None]:
+def _rope(hf: dict, cfg_file) -> Rope:
+    """The rotary settings of HF config.json `hf` (5.x rope_parameters, else 4.x rope_theta/rope_scaling); ValueError
+    for a scaling other than none and llama3."""
     params = hf.get("rope_parameters") or {}
     scaling = hf.get("rope_scaling") or {}
     theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
-    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type")
-    return theta, None if kind in (None, "default") else kind
+    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind == "default":
+        return Rope(theta)
+    if kind != "llama3":
+        raise ValueError(f"{cfg_file}: rotary scaling {kind!r} is not supported (only 'llama3')")
+    src = params if params.get("rope_type") == "llama3" else scaling
+    try:
+        return Rope(
+            theta,
+            "llama3",
+            float(src["factor"]),
+            float(src["low_freq_factor"]),
+            float(src["high_freq_factor"]),
+            int(src["original_max_position_embeddings"]),
+        )
+    except KeyError as e:
+        raise ValueError(f"{cfg_file}: llama3 rotary scaling is missing {e.args[0]!r}") from None
+
+
+def _arch_and_rope_fields(hf: dict, rope: Rope) -> dict:
+    """model.arch (config.json's "scaletrain_arch" when it names a Llama-converter architecture, else llama31 for
+    llama3 scaling and llama otherwise) and the model.rope_* fields, left at "the architecture's" where they are."""
+    arch = hf.get("scaletrain_arch")
+    if not (isinstance(arch, str) and arch in architectures.names() and model_spec(arch).hf_adapter == "llama"):
+        arch = "llama31" if rope.scaling == "llama3" else "llama"
+    facts = architectures.get(arch)
+    fields: dict = {
+        "arch": arch,
+        "rope_theta": 0.0 if rope.theta == facts.rope_theta else rope.theta,
+        "rope_scaling": "" if rope.scaling == facts.rope_scaling else rope.scaling,
+    }
+    if rope.scaling == "llama3":
+        fields.update(
+            rope_factor=rope.factor,
+            rope_low_freq_factor=rope.low_freq_factor,
+            rope_high_freq_factor=rope.high_freq_factor,
+            rope_original_seq_len=rope.original_seq_len,
+        )
+    return fields
 
 
 def llama_config(path: Path) -> ModelConfig:
@@ -159,15 +220,12 @@ def llama_config(path: Path) -> ModelConfig:
     except KeyError as e:
         raise ValueError(f"{cfg_file}: missing {e.args[0]!r}") from None
     n_kv = int(hf.get("num_key_value_heads") or n_heads)
-    theta, scaling = _rope_theta(hf)
+    rope = _rope(hf, cfg_file)
     checks = [
         (hf.get("model_type") == "llama", f"model_type={hf.get('model_type')!r} (need 'llama')"),
         (hf.get("hidden_act", "silu") == "silu", f"hidden_act={hf.get('hidden_act')!r} (need 'silu')"),
         (not hf.get("attention_bias") and not hf.get("mlp_bias"), "attention_bias/mlp_bias (need none)"),
-        (
-            theta == ROPE_THETA and scaling is None,
-            f"rotary theta {theta}, scaling {scaling!r} (need theta {ROPE_THETA}, no scaling)",
-        ),
+        (math.isfinite(rope.theta) and rope.theta > 1, f"rope_theta={rope.theta} (need a finite base > 1)"),
         (
             d % n_heads == 0 and int(hf.get("head_dim") or d // n_heads) == d // n_heads,
             f"head_dim={hf.get('head_dim')} (need hidden_size/num_attention_heads)",
@@ -178,8 +236,8 @@ def llama_config(path: Path) -> ModelConfig:
         if not ok:
             raise ValueError(f"{cfg_file}: {what} is not supported")
     vocab = int(hf.get("scaletrain_vocab_size", rows))
-    return ModelConfig(
-        arch="llama",
+    cfg = ModelConfig(
+        **_arch_and_rope_fields(hf, rope),
         n_layers=n_layers,
         d_model=d,
         n_heads=n_heads,
@@ -191,6 +249,13 @@ def llama_config(path: Path) -> ModelConfig:
         ln_eps=float(hf.get("rms_norm_eps", 1e-6)),
         init_std=float(hf.get("initializer_range", 0.02)),
     )
+    factors = (rope.factor, rope.low_freq_factor, rope.high_freq_factor)
+    problems = list(architectures.rope_problems(cfg))
+    if not all(map(math.isfinite, factors)):
+        problems.append(f"llama3 factors {factors} (need finite numbers)")
+    if problems:
+        raise ValueError(f"{cfg_file}: {problems[0]} is not supported")
+    return cfg
 
 
 def import_llama_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -198,7 +263,7 @@ def import_llama_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
 
     Tensors keep their stored dtype. A tied HF head (tie_word_embeddings) becomes an untied copy. Raises
     FileNotFoundError for missing files and ValueError for anything our Llama cannot represent exactly
-    (biases, rotary scaling or another theta, a head_dim other than hidden/heads, another activation).
+    (biases, a rotary scaling other than llama3, a head_dim other than hidden/heads, another activation).
     """
     path = Path(path)
     cfg = llama_config(path)
