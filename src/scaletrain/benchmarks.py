@@ -86,6 +86,8 @@ class BenchmarkSpec:
     """GPU counts on the x axis of `sim plot`."""
     proxy_needs_base: bool
     """The proxy fine-tunes a pretrained base that `bench` builds once when checkpoint.init_from is empty."""
+    extra_calibration_files: tuple[str, ...] = ()
+    """More published results in scaletrain/sim/data/ (other rounds, other column layouts), used with calibration_file."""
 
     def skipped_evals(self, gbs: int) -> int:
         """Evaluations not run (nor logged) at the start of a run at global batch size `gbs`."""
@@ -152,6 +154,7 @@ LLAMA2_70B_LORA = BenchmarkSpec(
     default_gbs=8,
     plot_gpu_counts=(8, 16, 32, 64, 128, 256, 512, 1024),
     proxy_needs_base=True,
+    extra_calibration_files=("mlperf_v5_llama2_70b_lora_calibration.csv",),
 )
 
 LLAMA31_405B = BenchmarkSpec(

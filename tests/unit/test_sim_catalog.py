@@ -10,7 +10,7 @@ import pytest
 
 from scaletrain.sim.catalog import CatalogError, load_catalog, mfu_peak
 
-GPUS = ("a100", "h100", "h200", "b200", "b300", "gb200", "gb300", "mi300x", "mi325x", "mi350x", "mi355x")
+GPUS = ("a100", "h100", "h200", "h200nvl", "b200", "b300", "gb200", "gb300", "mi300x", "mi325x", "mi350x", "mi355x")
 NODES = ("hgx-h100", "nd-h100-v5", "hgx-h200", "nd-h200-v5", "dgx-a100", "dgx-b200", "nd-gb200-v6", "gb200-nvl72",
          "gb300-nvl72", "hgx-b300", "mi300x-oam", "mi325x-oam", "mi350x-oam", "mi355x-oam")
 FABRICS = ("ib-ndr", "ib-ndr-sharp", "ib-xdr", "ib-hdr", "roce", "roce-800")

@@ -44,7 +44,7 @@ def _cluster(gpus: int, gpu: str, node: str | None = None) -> Cluster:
 # Catalog
 
 
-@pytest.mark.parametrize("key", BLACKWELL + AMD)
+@pytest.mark.parametrize("key", BLACKWELL + AMD + ("h200nvl",))
 def test_new_gpus_load_with_a_datasheet_source_and_ordered_peaks(key):
     g = CAT.gpu(key)
     vendor = "AMD" if key.startswith("mi") else "NVIDIA"
@@ -225,7 +225,7 @@ def test_mi355x_predicts_with_its_own_peaks():
     lay = ClusterLayout(gpus=64, tp=8, gbs=64, fp8=True, bf16_grads=True)
     mi = predict(LORA, lay, "mi355x")
     assert (mi.node, mi.fabric, mi.mfu_peak_tflops) == ("mi355x-oam", "roce", 2516.6)
-    assert mi.feasible and mi.calibration == "v4.1/cdna4 (default)"
+    assert mi.feasible and mi.calibration == "v5.1/cdna4 (default)"
     # With the same efficiency set, the compute line scales with the GPU's own FP8 ceiling (MI355X 3574 vs
     # MI300X 1857 TFLOP/s): CDNA 4 is well over 1.5x faster per step on GEMM-bound work.
     eff = efficiency_for(None, "mi355x")[1]
@@ -241,23 +241,36 @@ def test_mi355x_predicts_with_its_own_peaks():
 
 def test_generations_without_a_fitted_set_get_documented_defaults():
     sets = load_efficiencies()["sets"]
-    hopper = Efficiency.from_dict(sets["v4.1/hopper"])
-    for gpu, gen in (("a100", "ampere"), ("mi300x", "cdna3"), ("mi325x", "cdna3"), ("mi355x", "cdna4")):
+    hopper = Efficiency.from_dict(sets["v5.1/hopper"])
+    for gpu, gen in (("a100", "ampere"), ("mi355x", "cdna4"), ("mi350x", "cdna4")):
         name, eff = efficiency_for(None, gpu)
-        assert name == f"v4.1/{gen} (default)"
+        assert name == f"v5.1/{gen} (default)"
         # The release's shared scalars, with the documented default kernel efficiency (not Hopper's fitted one).
         assert eff.gemm_eff == DEFAULT_GEMM_EFF != hopper.gemm_eff
-        assert (eff.tp_exposed, eff.dp_overlap, eff.step_overhead_s, eff.eval_eff) == (
-            hopper.tp_exposed, hopper.dp_overlap, hopper.step_overhead_s, hopper.eval_eff)
+        assert (eff.tp_exposed, eff.dp_overlap, eff.step_overhead_s, eff.eval_eff, eff.sync_log2_s) == (
+            hopper.tp_exposed, hopper.dp_overlap, hopper.step_overhead_s, hopper.eval_eff, hopper.sync_log2_s)
+    # A100 in an old release gets Ampere's default too, never the release's Hopper set.
+    assert efficiency_for("v3.0", "a100")[0] == "v3.0/ampere (default)"
+    # CDNA 3 has its own sets, fitted on the AMD rows of v5.0 and v5.1; a release before them takes the nearest.
+    for gpu in ("mi300x", "mi325x"):
+        assert efficiency_for(None, gpu)[0] == "v5.1/cdna3"
+        assert efficiency_for("v5.0", gpu)[0] == "v5.0/cdna3"
+        assert efficiency_for("v4.1", gpu)[0] == "v5.0/cdna3 (for v4.1)"
+    assert efficiency_for(None, "mi300x")[1].gemm_eff != hopper.gemm_eff
     # A fitted generation in another release: its nearest release's set (Blackwell was first fitted in v4.1).
     assert efficiency_for("v4.0", "b300")[0] == "v4.1/blackwell (for v4.0)"
-    assert efficiency_for(None, "gb300")[0] == "v4.1/blackwell"
+    assert efficiency_for(None, "gb300")[0] == "v5.1/blackwell"
     assert efficiency_for("v4.0", "h100")[0] == "v4.0/hopper"
+    assert efficiency_for(None, "h200nvl")[0] == "v5.1/hopper"
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The hardware that was already there predicts what it did before this change (golden numbers from that code).
+# The hardware that was already there predicts what it did before this change (golden numbers from that code), at
+# the efficiencies that code shipped, with the fixed-cost terms added since (fixed_costs) switched off.
 
+OLD_SHARED = dict(tp_exposed=0.43763167830428634, dp_overlap=0.827973727837905, overlap_slowdown=0.08189610008753184,
+                  step_overhead_s=0.20239713710552923, eval_eff=0.6927855816986237, sync_log2_s=0.0,
+                  straggler_cv=0.0, warmup_steps=0.0, comm_init_s=0.0, eval_fixed_s=0.0)
 GOLDEN = [  # model, gpu, node, layout, calibration, step_time_s, time_to_train_min
     ("llama2_70b_lora", "h200", "nd-h200-v5", dict(gpus=512, tp=4, cp=2, gbs=64, fp8=True, bf16_grads=True), None,
      0.6076961203733244, 1.2361424535339625),
@@ -274,6 +287,9 @@ GOLDEN = [  # model, gpu, node, layout, calibration, step_time_s, time_to_train_
 
 @pytest.mark.parametrize("model,gpu,node,layout,calibration,step_s,ttt_min", GOLDEN)
 def test_existing_hardware_predicts_what_it_did(model, gpu, node, layout, calibration, step_s, ttt_min):
-    p = predict(load_workload(model), ClusterLayout(**layout), gpu, node, calibration=calibration)
+    gemm = {"v3.1": 0.7474158945208146, None: {"h100": 0.8826661284240264, "h200": 0.8826661284240264,
+                                                "b200": 0.7325522666396367}}
+    eff = Efficiency(gemm_eff=gemm["v3.1"] if calibration else gemm[None][gpu], **OLD_SHARED)
+    p = predict(load_workload(model), ClusterLayout(**layout), gpu, node, eff=eff)
     assert p.step_time_s == pytest.approx(step_s, rel=1e-12)
     assert p.time_to_train_min == pytest.approx(ttt_min, rel=1e-12)

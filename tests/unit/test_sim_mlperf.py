@@ -132,6 +132,12 @@ def test_lora_convergence_skip_rule():
 def test_calibration_runs_stop_on_evaluations():
     for r in bundled_results():
         for n in r.run_converge:
+            if n == 0:  # a run that did not converge
+                continue
+            if r.round == "v5.0" and 384 % r.gbs:
+                # v5.0 evaluated every floor(384/GBS) steps (v5.1 and the rules: ceil): GBS 9 every 42 steps.
+                assert n % (384 // r.gbs * r.gbs) == 0, (r.line, n)
+                continue
             c = convergence(r.benchmark, r.gbs, converge=n)
             units = c.train_sequences * (2048 if r.benchmark == "gpt3" else 1)
             assert units == n, (r.line, n)
@@ -158,6 +164,8 @@ def test_calibration_scores(rcp_source):
     for r in bundled_results():
         s = score(r.benchmark, r.run_minutes)
         assert s == pytest.approx(r.olympic_minutes)
-        factor = rcp_score_factor(r.benchmark, r.gbs, r.run_converge) if r.benchmark != "gpt3" else 1.0
-        assert factor == pytest.approx(r.scaling_factor, rel=1e-12), r.line
+        converged = [c for c in r.run_converge if c > 0]
+        factor = rcp_score_factor(r.benchmark, r.gbs, converged) if r.benchmark != "gpt3" else 1.0
+        # The v5 file gives the factor to 6 decimals.
+        assert factor == pytest.approx(r.scaling_factor, rel=1e-12 if not r.file else 1e-6), r.line
         assert s * factor == pytest.approx(r.score_minutes, abs=6e-4), r.line

@@ -26,7 +26,7 @@ LLAMA = load_workload("llama2-70b")
 LORA = load_workload("llama2_70b_lora")
 EFF = Efficiency()
 BREAKDOWN_KEYS = {"compute", "tp_exposed", "cp_exposed", "pp_bubble", "dp_exposed", "overlap_slowdown", "optimizer",
-                  "overhead"}
+                  "overhead", "sync", "straggler"}
 
 
 @pytest.fixture(autouse=True)
@@ -514,7 +514,11 @@ def test_predict_json_keys_and_mfu_relation():
     assert 0 < pred.memory_gib_per_gpu < 80e9 / 2**30
     assert pred.steps > 0 and pred.evals > 0
     assert pred.time_to_train_min == pytest.approx(
-        (pred.steps * pred.step_time_s + pred.evals * pred.eval_time_s) / 60, rel=1e-12)
+        (pred.warmup_s + pred.steps * pred.step_time_s + pred.evals * pred.eval_time_s) / 60, rel=1e-12)
+    assert set(d["phases_min"]) == {"warmup", "steps", "evaluations"}
+    assert sum(d["phases_min"].values()) == pytest.approx(d["time_to_train_min"], rel=1e-12)
+    assert set(d["breakdown"]) | {"evaluation", "warmup"} == set(d["ttt_breakdown"])
+    assert sum(d["ttt_breakdown"].values()) == pytest.approx(d["time_to_train_min"], rel=1e-12)
 
 
 def test_gpt3_on_10752_h100_is_about_four_minutes():

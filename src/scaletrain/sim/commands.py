@@ -16,7 +16,7 @@ from scaletrain.sim import calibrate as cal
 from scaletrain.sim.catalog import load_catalog
 from scaletrain.sim.efficiency import efficiency_for
 from scaletrain.sim.predict import Prediction, predict
-from scaletrain.sim.results import bundled_results, load_results
+from scaletrain.sim.results import bundled_results, bundled_skipped, load_results
 from scaletrain.sim.run_lines import plan_run_lines, print_run_lines
 from scaletrain.sim.validate import cross_validate, cv_json, default_jobs, print_cv, score_dict
 from scaletrain.sim.workload import ClusterLayout, load_config, load_workload
@@ -90,7 +90,7 @@ def print_prediction(p: Prediction, out=None) -> None:
     if p.time_to_train_min is not None:
         print(
             f"  time to train {p.time_to_train_min:.2f} min = {p.steps:g} steps x {p.step_time_s:.3f} s "
-            f"+ {p.evals:g} evaluations x {p.eval_time_s:.2f} s",
+            f"+ {p.evals:g} evaluations x {p.eval_time_s:.2f} s + warm-up {p.warmup_s or 0:.1f} s",
             file=out,
         )
 
@@ -165,7 +165,8 @@ def _results(paths: list[str]):
     A file that cannot be read at all (missing, wrong columns) is skipped as a whole; the others still count.
     """
     if not paths:
-        return bundled_results(), []
+        # Shipped rows the files do not give a layout for are named, not silently dropped.
+        return bundled_results(), bundled_skipped()
     from scaletrain.sim.results import ResultsError
 
     rows, errors = [], []
@@ -346,7 +347,9 @@ def add_parsers(sub) -> None:
         p.add_argument("--gpus", "--world-size", dest="gpus", type=int, required=True, help="number of GPUs (= ranks)")
         p.add_argument("--node", help="node type (hgx-h100, nd-h200-v5, gb200-nvl72, hgx-b300, mi355x-oam, ...)")
         p.add_argument("--fabric", help="scale-out fabric (ib-ndr, ib-ndr-sharp, ib-xdr, ib-hdr, roce, roce-800)")
-        p.add_argument("--calibration", help="fitted efficiency set: v3.0, v3.1, v4.0, v4.1 (default newest), measured")
+        p.add_argument(
+            "--calibration", help="fitted efficiency set: v3.0, v3.1, v4.0, v4.1, v5.0, v5.1 (default newest), measured"
+        )
         p.add_argument("--catalog", action="append", default=[], metavar="TOML", help="extra hardware catalog file")
         p.add_argument("--gbs", type=int, default=0, help="global batch size (sequences)")
         p.add_argument(

@@ -25,9 +25,19 @@ class Efficiency:
     overlap_slowdown: float = 0.1
     """Compute slowdown while DP communication runs underneath it, as a fraction of the hidden comm time."""
     step_overhead_s: float = 0.05
-    """Fixed cost per step (optimizer launch, synchronisation, host work not hidden by CUDA graphs)."""
+    """Constant host cost per step (optimizer launch, Python and data loading not hidden by CUDA graphs)."""
     eval_eff: float = 0.8
     """Evaluation forward throughput relative to the training forward."""
+    sync_log2_s: float = 0.002
+    """Per-step synchronisation latency per doubling of the ranks (tree-like collectives and barriers), seconds."""
+    straggler_cv: float = 0.01
+    """Relative per-rank jitter of the busy time: each step waits for the slowest of N (`fixed_costs`)."""
+    warmup_steps: float = 3.0
+    """Extra step-times the first steps of a run take (allocator growth, autotuning, CUDA graph capture)."""
+    comm_init_s: float = 0.3
+    """Communicator creation, seconds per process group and per doubling of its members (timed warm-up)."""
+    eval_fixed_s: float = 0.5
+    """Fixed seconds per evaluation besides its forward passes (mode switch, data loader, metric reduction)."""
 
     def to_dict(self) -> dict:
         """Plain dict."""
@@ -62,6 +72,7 @@ GENERATION = {
     "a100": "ampere",
     "h100": "hopper",
     "h200": "hopper",
+    "h200nvl": "hopper",
     "b200": "blackwell",
     "b300": "blackwell",
     "gb200": "blackwell",
@@ -73,7 +84,7 @@ GENERATION = {
 }
 
 DEFAULT_GEMM_EFF = Efficiency().gemm_eff
-"""gemm_eff of a generation no release has a fitted set for (Ampere, CDNA 3, CDNA 4 in the shipped file): the
+"""gemm_eff of a generation no release has a fitted set for (Ampere and CDNA 4 in the shipped file): the
 model's prior for a mature kernel library. The kernels' own distance from the datasheet peak is already in the
 catalog's matmul ceilings (measured, or for AMD the peak x H100's measured ceiling/peak), so this only covers how
 much of that ceiling a training step keeps."""
@@ -91,15 +102,15 @@ def generation(gpu: str) -> str:
 
 
 def efficiency_for(release: str | None, gpu: str) -> tuple[str, Efficiency]:
-    """(set name, Efficiency) for a release ("v3.0" ... "v4.1"; None/"latest" = newest) on `gpu`.
+    """(set name, Efficiency) for a release ("v3.0" ... "v5.1"; None/"latest" = newest) on `gpu`.
 
     The lookup, most specific first:
     1. the set fitted on the GPU's generation in that release ("v4.1/hopper");
     2. the generation's set from the nearest release that has one (the newest older one, else the oldest newer
        one): a generation's kernels matter more than the release ("v4.1/blackwell for v4.0");
-    3. a generation no release was fitted on (Ampere, CDNA 3, CDNA 4 in the shipped file) gets the documented
+    3. a generation no release was fitted on (Ampere and CDNA 4 in the shipped file) gets the documented
        default "<release>/<generation> (default)": the release's fitted scalars, which the calibration shares
-       across generations (TP exposure, DP overlap and slowdown, per-step overhead, evaluation efficiency: taken
+       across generations (TP exposure, DP overlap and slowdown, evaluation efficiency, the fixed costs: taken
        from the release's Hopper set, else its first), with gemm_eff = DEFAULT_GEMM_EFF.
     """
     sets = load_efficiencies()["sets"]

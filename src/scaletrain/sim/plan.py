@@ -212,7 +212,7 @@ def plan(
             return -lay.gbs * w.seq_len / step_s / gpus
         assert bench is not None, "objective ttt was refused above for a non-benchmark"
         run = runs.get(lay.gbs) or runs.setdefault(lay.gbs, expected_convergence(bench, lay.gbs))
-        return (run.steps * step_s + run.evals * eval_time(w, lay, fwd_s, run.eval_tokens, eff)) / 60
+        return (run.steps * step_s + run.evals * eval_time(w, lay, fwd_s, run.eval_tokens, eff, n.nvlink_domain)) / 60
 
     cost_cache: dict[tuple, tuple] = {}
     fit_cache: dict[tuple, tuple] = {}

@@ -11,6 +11,7 @@ from scaletrain.sim import memory, mlperf
 from scaletrain.sim.catalog import Catalog, load_catalog
 from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import Efficiency, efficiency_for
+from scaletrain.sim.fixed_costs import domains, eval_fixed_s, warmup_s
 from scaletrain.sim.step import step_time
 from scaletrain.sim.workload import ClusterLayout, Workload
 
@@ -51,7 +52,11 @@ class Prediction:
     breakdown: dict = field(default_factory=dict)
     """Seconds per step by cause (sums to step_time_s)."""
     ttt_breakdown: dict = field(default_factory=dict)
-    """Minutes of time-to-train by cause: training steps split as in `breakdown`, plus evaluations."""
+    """Minutes of time-to-train by cause: training steps split as in `breakdown`, plus evaluations and warm-up."""
+    warmup_s: float | None = None
+    """Timed warm-up beyond the steady steps: slower first steps and communicator creation (`fixed_costs`)."""
+    phases_min: dict = field(default_factory=dict)
+    """Time-to-train in minutes by phase: warmup, steps, evaluations (sums to time_to_train_min)."""
 
     def to_dict(self) -> dict:
         """JSON-ready dict."""
@@ -88,12 +93,21 @@ def expected_convergence(bench: str, gbs: int, converge: float | None = None) ->
     return ExpectedRun(steps, steps / interval - skip, b.eval_tokens)
 
 
-def eval_time(w: Workload, layout: ClusterLayout, fwd_rank_s: float, eval_tokens: int, eff: Efficiency) -> float:
-    """Seconds for one evaluation pass: forward only over the eval set, split across DP replicas, pipelined."""
+def eval_time(
+    w: Workload, layout: ClusterLayout, fwd_rank_s: float, eval_tokens: int, eff: Efficiency, nvlink_domain: int = 8
+) -> float:
+    """Seconds for one evaluation: forward only over the eval set, split across DP replicas, pipelined, plus the
+    fixed cost of an evaluation (`fixed_costs.eval_fixed_s`) over the NVLink domains the layout spans."""
+    fixed = eval_fixed_s(domains(layout.gpus, nvlink_domain), eff)
+    return eval_passes(w, layout, eval_tokens) * fwd_rank_s / eff.eval_eff + fixed
+
+
+def eval_passes(w: Workload, layout: ClusterLayout, eval_tokens: int) -> float:
+    """Micro-batch forward times one evaluation takes on the busiest rank: the eval set's sequences split across
+    the DP replicas, plus the pipeline's fill."""
     seqs = math.ceil(eval_tokens / w.seq_len)
     micro = math.ceil(seqs / (layout.dp * layout.mbs))
-    pipe = micro + (layout.pp - 1) / layout.vp
-    return pipe * fwd_rank_s / eff.eval_eff
+    return micro + (layout.pp - 1) / layout.vp
 
 
 def predict(
@@ -159,17 +173,21 @@ def predict(
     per_gpu = tokens_per_s / layout.gpus
     tflops = per_gpu * w.flops_per_token / 1e12
     peak = g.bf16_tflops  # MFU is always against the dense bf16 peak, as the trainer reports it
-    steps = evals = ev_s = train_s = ttt = None
+    steps = evals = ev_s = train_s = ttt = warm = None
     ttt_parts: dict = {}
+    phases: dict = {}
     bench = benchmark or benchmark_of(w.name)
     if bench:
         conv = expected_convergence(bench, layout.gbs, converge)
         steps, evals = conv.steps, conv.evals
-        ev_s = eval_time(w, layout, st.forward_rank_s, conv.eval_tokens, eff)
+        ev_s = eval_time(w, layout, st.forward_rank_s, conv.eval_tokens, eff, n.nvlink_domain)
         train_s = steps * st.step_time_s
-        ttt = (train_s + evals * ev_s) / 60
+        warm = warmup_s(layout, st.step_time_s, eff)
+        ttt = (warm + train_s + evals * ev_s) / 60
         ttt_parts = {k: steps * v / 60 for k, v in st.breakdown.items()}
         ttt_parts["evaluation"] = evals * ev_s / 60
+        ttt_parts["warmup"] = warm / 60
+        phases = {"warmup": warm / 60, "steps": train_s / 60, "evaluations": evals * ev_s / 60}
     return Prediction(
         **base,
         feasible=not reasons,
@@ -188,6 +206,8 @@ def predict(
         time_to_train_min=ttt,
         breakdown=st.breakdown,
         ttt_breakdown=ttt_parts,
+        warmup_s=warm,
+        phases_min=phases,
     )
 
 

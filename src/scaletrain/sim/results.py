@@ -6,6 +6,16 @@ Two layouts share one loader; the header decides which:
 - llama2_70b_lora style: a `parallelism` column such as ``"TP4 PP1 CP2, FP8"``; vp and mbs default to 1
   (or come from optional `vp`/`mbs` columns), and there is no node column.
 
+- v5 style (`mlperf_v5_*`, the MLPerf v5.0/v5.1 set): explicit `tp, pp, vp, cp, mbs, fp8, fp4` columns from the
+  submitters' launch configs where an empty field means unknown; `score_minutes` is the olympic mean of the runs
+  (what the machine did) and `official_score_minutes` the published score (x the RCP `scaling_factor`); a run that
+  did not converge is marked with its status ("(no_stop)") and counts as the slowest, dropped, run.
+
+Unknown layout fields (v5 style): pp, vp and mbs default to 1 (no llama2_70b_lora submission at <= 72 GPUs
+pipelines, and the NeMo/AMD recipes use micro-batch 1) and fp8 to true (every submission whose config was matched
+trains in FP8 or FP4); the row's `assumed` names the defaulted fields. Without tp or cp the layout is a guess that
+would steer the fit, so such rows are skipped (`LoadReport.unknown_layout`; never an error under `strict`).
+
 When a row gives no node count, nodes = gpus / 8: every system in the calibration files is an 8-GPU
 HGX/DGX node (None if gpus is not a multiple of 8). Layout divisibility is deliberately not checked here:
 the simulator owns that rule. Stdlib only, like the rest of `scaletrain.sim`.
@@ -18,15 +28,16 @@ import functools
 import io
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
 from scaletrain.benchmarks import BENCHMARKS
 
 # Catalog keys (sim/hardware/gpus.toml). Longest first, so "gb200" wins over "b200" in "NVIDIA GB200".
-GPU_KEYS = ("gb300", "gb200", "b200", "h200", "h100", "a100")
-_GPU_RE = re.compile(r"(?<![a-z0-9])(" + "|".join(GPU_KEYS) + r")(?![0-9])")
+GPU_KEYS = ("h200nvl", "gb300", "gb200", "b300", "b200", "h200", "h100", "a100", "mi300x", "mi325x", "mi350x", "mi355x")
+# "H200-NVL-141GB" / "H200 NVL" is the PCIe card (lower clocks, NVLink bridge), not the SXM part.
+_GPU_RE = re.compile(r"(?<![a-z0-9])(h200[- ]?nvl|" + "|".join(k for k in GPU_KEYS if k != "h200nvl") + r")(?![0-9])")
 _ROUND_RE = re.compile(r"^v?(\d+)\.(\d+)$")
 _PAR_RE = re.compile(r"^TP(\d+)\s+PP(\d+)(?:\s+CP(\d+))?(?:\s+VP(\d+))?\s*(?:,\s*(FP8|BF16))?$", re.IGNORECASE)
 
@@ -44,7 +55,10 @@ COMMON_COLUMNS = (
     "source",
 )
 LAYOUT_COLUMNS = ("tp", "pp", "vp", "mbs", "fp8")  # gpt3 style; llama style needs `parallelism` instead
-CONVERGE_COLUMNS = ("run_tokens_to_converge", "run_samples_to_converge")
+V5_COLUMNS = ("tp", "pp", "vp", "cp", "mbs", "fp8", "fp4", "official_score_minutes")  # with run_samples_or_tokens...
+CONVERGE_COLUMNS = ("run_tokens_to_converge", "run_samples_to_converge", "run_samples_or_tokens_to_converge")
+V5_DEFAULTS = {"pp": 1, "vp": 1, "mbs": 1, "fp8": True}
+"""What an empty (unknown) v5 layout field is taken to be; tp and cp have no default (the row is skipped)."""
 GPUS_PER_NODE = 8
 
 
@@ -85,6 +99,10 @@ class PublishedResult:
     """RCP normalisation the published score carries (lora `scaling_factor` column; "-" = 1)."""
     file: str = ""
     """The CSV file it was read from, for messages ("" for the shipped calibration rows)."""
+    fp4: bool = False
+    """FP4 GEMMs where FP8 would apply (v5.1 NVFP4 submissions; fp8 is then true too: the rest is the FP8 recipe)."""
+    assumed: tuple[str, ...] = ()
+    """Layout fields the file left empty that got their documented default (`V5_DEFAULTS`)."""
 
     @property
     def olympic_minutes(self) -> float:
@@ -105,10 +123,16 @@ class LoadReport:
 
     rows: list[PublishedResult] = field(default_factory=list)
     errors: list[tuple[int, str]] = field(default_factory=list)
+    unknown_layout: list[tuple[int, str]] = field(default_factory=list)
+    """(line, reason) of rows skipped because the file does not know their layout (also in `errors`)."""
 
 
 class _RowError(Exception):
     pass
+
+
+class _UnknownLayout(_RowError):
+    """The row is well formed but its layout is not known: skipped, never a strict-mode error."""
 
 
 def gpu_key(accelerator: str) -> str:
@@ -116,7 +140,7 @@ def gpu_key(accelerator: str) -> str:
     m = _GPU_RE.search(accelerator.lower())
     if not m:
         raise ValueError(f"unknown accelerator {accelerator!r} (known: {', '.join(sorted(GPU_KEYS))})")
-    return m.group(1)
+    return re.sub(r"[- ]", "", m.group(1))
 
 
 def _pos_int(row: dict, col: str) -> int:
@@ -142,6 +166,30 @@ def _pos_float(text: str, col: str) -> float:
 
 def _split(text: str) -> list[str]:
     return [part.strip() for part in text.split(";")]
+
+
+def _v5_layout(row: dict) -> tuple[int, int, int, int, int, bool, bool, tuple[str, ...]]:
+    """(tp, pp, vp, cp, mbs, fp8, fp4, assumed) from v5 columns, where empty means unknown."""
+    unknown = [c for c in ("tp", "cp") if not row.get(c)]
+    if unknown:
+        raise _UnknownLayout(f"layout unknown ({', '.join(unknown)} empty: no submitter config matched)")
+    assumed = tuple(c for c in V5_DEFAULTS if not row.get(c) and not (c == "vp" and row.get("pp") == "1"))
+    ints = {c: _pos_int(row, c) if row.get(c) else int(V5_DEFAULTS.get(c, 1)) for c in ("tp", "pp", "vp", "cp", "mbs")}
+    flags = {}
+    for c in ("fp8", "fp4"):
+        text = (row.get(c) or "").lower()
+        if text not in ("", "true", "false"):
+            raise _RowError(f"{c} {row[c]!r} is not True/False/empty")
+        flags[c] = text == "true"
+    fp8 = flags["fp8"] or flags["fp4"] or "fp8" in assumed
+    return ints["tp"], ints["pp"], ints["vp"], ints["cp"], ints["mbs"], fp8, flags["fp4"], assumed
+
+
+def _run_minutes(text: str) -> float:
+    """One run's minutes; a run marked with a status ("(no_stop)") did not converge: inf, the dropped slowest."""
+    if text.startswith("(") and text.endswith(")"):
+        return float("inf")
+    return _pos_float(text, "run_minutes")
 
 
 def _layout(row: dict) -> tuple[int, int, int, int, int, bool]:
@@ -181,24 +229,33 @@ def _parse_row(row: dict, line: int, required: tuple[str, ...]) -> PublishedResu
         raise _RowError(str(exc)) from None
     gpus = _pos_int(row, "n_accel")
     gbs = _pos_int(row, "gbs")
-    tp, pp, vp, cp, mbs, fp8 = _layout(row)
+    fp4 = False
+    assumed: tuple[str, ...] = ()
+    if "official_score_minutes" in row:
+        tp, pp, vp, cp, mbs, fp8, fp4, assumed = _v5_layout(row)
+    else:
+        tp, pp, vp, cp, mbs, fp8 = _layout(row)
     nodes = (
         _pos_int(row, "n_nodes")
         if row.get("n_nodes")
         else (gpus // GPUS_PER_NODE if gpus % GPUS_PER_NODE == 0 else None)
     )
     n_runs = _pos_int(row, "n_runs")
-    runs = tuple(_pos_float(t, "run_minutes") for t in _split(row["run_minutes"]))
+    runs = tuple(_run_minutes(t) for t in _split(row["run_minutes"]))
     if len(runs) != n_runs:
         raise _RowError(f"run_minutes has {len(runs)} values but n_runs is {n_runs}")
+    if sum(r == float("inf") for r in runs) > 1:
+        raise _RowError("more than one run did not converge: no olympic mean")
     converge: tuple[int, ...] = ()
     for col in CONVERGE_COLUMNS:
         if row.get(col):
             parts = _split(row[col])
             if len(parts) != n_runs:
                 raise _RowError(f"{col} has {len(parts)} values but n_runs is {n_runs}")
-            converge = tuple(_pos_int({col: p}, col) for p in parts)
+            # A run that did not converge has no count (0 here; its minutes are inf).
+            converge = tuple(0 if m == float("inf") else _pos_int({col: p}, col) for p, m in zip(parts, runs))
     scaling = row.get("scaling_factor") or "-"
+    score = row["official_score_minutes"] if "official_score_minutes" in row else row["score_minutes"]
     return PublishedResult(
         line=line,
         benchmark=benchmark,
@@ -218,10 +275,12 @@ def _parse_row(row: dict, line: int, required: tuple[str, ...]) -> PublishedResu
         mbs=mbs,
         fp8=fp8,
         run_minutes=runs,
-        score_minutes=_pos_float(row["score_minutes"], "score_minutes"),
+        score_minutes=_pos_float(score, "score_minutes"),
         run_converge=converge,
         source=row["source"],
         scaling_factor=1.0 if scaling == "-" else _pos_float(scaling, "scaling_factor"),
+        fp4=fp4,
+        assumed=assumed,
     )
 
 
@@ -257,8 +316,15 @@ def load_results(path_or_text, strict: bool = False) -> LoadReport:
         raise ResultsError(f"{name}: empty file, no header") from None
     except csv.Error as exc:
         raise ResultsError(f"{name} line 1: {exc}") from None
-    layout = ("parallelism",) if "parallelism" in header else LAYOUT_COLUMNS
+    if "parallelism" in header:
+        layout: tuple[str, ...] = ("parallelism",)
+    elif "official_score_minutes" in header:
+        layout = V5_COLUMNS + ("run_samples_or_tokens_to_converge",)
+    else:
+        layout = LAYOUT_COLUMNS
     required = COMMON_COLUMNS + layout
+    # v5 layout fields may be empty (unknown); everywhere else every required field must be filled.
+    nonempty = COMMON_COLUMNS + (("official_score_minutes",) if "official_score_minutes" in layout else layout)
     missing = [c for c in required if c not in header]
     if missing:
         hint = " (or a 'parallelism' column for the layout)" if set(missing) & set(LAYOUT_COLUMNS) else ""
@@ -282,7 +348,11 @@ def load_results(path_or_text, strict: bool = False) -> LoadReport:
                 reason = f"expected {len(header)} fields, got {len(fields_)}"
             else:
                 try:
-                    report.rows.append(_parse_row(dict(zip(header, fields_)), start, required))
+                    report.rows.append(_parse_row(dict(zip(header, fields_)), start, nonempty))
+                    continue
+                except _UnknownLayout as exc:
+                    report.unknown_layout.append((start, str(exc)))
+                    report.errors.append((start, str(exc)))
                     continue
                 except _RowError as exc:
                     reason = str(exc)
@@ -293,18 +363,29 @@ def load_results(path_or_text, strict: bool = False) -> LoadReport:
 
 
 @functools.cache
-def _bundled(benchmark: str) -> tuple[PublishedResult, ...]:
-    name = BENCHMARKS[benchmark].calibration_file
-    if not name:  # a benchmark without published results to calibrate on
-        return ()
-    text = resources.files("scaletrain.sim").joinpath("data", name).read_text("utf-8")
-    # Strict: the carried files are curated, so a bad row is a packaging bug, not data to skip.
-    rows = load_results(text, strict=True).rows
-    return tuple(r for r in rows if r.benchmark == benchmark)
+def _bundled(benchmark: str) -> tuple[tuple[PublishedResult, ...], tuple[tuple[str, str], ...]]:
+    """(rows, (where, why) of rows skipped for an unknown layout) of the files carried for `benchmark`."""
+    spec = BENCHMARKS[benchmark]
+    rows: list[PublishedResult] = []
+    skipped: list[tuple[str, str]] = []
+    for i, name in enumerate(n for n in (spec.calibration_file, *spec.extra_calibration_files) if n):
+        text = resources.files("scaletrain.sim").joinpath("data", name).read_text("utf-8")
+        # Strict: the carried files are curated, so a bad row is a packaging bug, not data to skip. Rows whose
+        # layout the file does not know are the exception: they stay in the file as published, and are counted.
+        report = load_results(text, strict=True)
+        where = f"scaletrain/sim/data/{name}" if i else ""
+        rows += [replace(r, file=where) if where else r for r in report.rows if r.benchmark == benchmark]
+        skipped += [(f"{where or name} line {line}", why) for line, why in report.unknown_layout]
+    return tuple(rows), tuple(skipped)
 
 
 def bundled_results(benchmark: str | None = None) -> list[PublishedResult]:
     """The calibration rows shipped in `scaletrain/sim/data/` (all benchmarks, or one)."""
     if benchmark is not None and benchmark not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {benchmark!r} (known: {', '.join(BENCHMARKS)})")
-    return [r for b in BENCHMARKS if benchmark in (None, b) for r in _bundled(b)]
+    return [r for b in BENCHMARKS if benchmark in (None, b) for r in _bundled(b)[0]]
+
+
+def bundled_skipped(benchmark: str | None = None) -> list[tuple[str, str]]:
+    """(where, why) of the shipped rows left out because their layout is unknown (see the module docstring)."""
+    return [w for b in BENCHMARKS if benchmark in (None, b) for w in _bundled(b)[1]]

@@ -1,5 +1,6 @@
 """One training step on a cluster: compute per stage, exposed TP/CP communication, the pipeline schedule,
-DP gradient/parameter traffic with its overlap windows, the optimizer and a fixed overhead.
+DP gradient/parameter traffic with its overlap windows, the optimizer, a constant host overhead and the
+synchronisation over all ranks (`fixed_costs`).
 
 The step is priced bottom-up: `compute` gives layer times on one GPU, `comm` the collectives for the group
 placements Megatron's rank order produces (tp fastest, then cp, dp, pp), `schedule` runs the pipeline as an
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from scaletrain.sim import compute, schedule
 from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import Efficiency
+from scaletrain.sim.fixed_costs import domains, step_sync_s
 from scaletrain.sim.workload import ClusterLayout, Workload
 
 BF16 = 2
@@ -30,7 +32,8 @@ class StepResult:
 
     step_time_s: float
     breakdown: dict = field(default_factory=dict)
-    """compute, tp_exposed, cp_exposed, pp_bubble, dp_exposed, overlap_slowdown, optimizer, overhead."""
+    """compute, tp_exposed, cp_exposed, pp_bubble, dp_exposed, overlap_slowdown, optimizer, overhead (constant host
+    work), sync (tree synchronisation over all ranks), straggler (waiting for the slowest rank)."""
     forward_rank_s: float = 0.0
     """Forward time of one micro-batch through the busiest rank's layers (evaluation uses it)."""
     in_flight: float = 0.0
@@ -234,6 +237,11 @@ def step_time(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency, 
         "optimizer": optimizer,
         "overhead": eff.step_overhead_s,
     }
+    # Every rank must finish its work before the step's last collectives complete: the slowest of all ranks sets
+    # the pace, and the synchronisation itself is a tree over all of them (fixed_costs).
+    sync, straggler = step_sync_s(layout.gpus, domains(layout.gpus, cl.node.nvlink_domain), makespan, eff)
+    breakdown["sync"] = sync
+    breakdown["straggler"] = straggler
     total = sum(breakdown.values())
     return StepResult(
         step_time_s=total,

@@ -4,7 +4,7 @@
 scored row is predicted by sets fitted without it, by exactly the procedure `sim calibrate` uses (`calibrate.fit`):
 
 - "loo": for each row, refit on all the other rows and predict it (the shared scalars are fitted on every row,
-  so the whole fit is redone, not only the row's own GEMM efficiency).
+  so the whole fit is redone from the priors, not only the row's own GEMM efficiency).
 - "scale": fit once on the rows below a GPU-count threshold and predict the rows at or above it. The default
   threshold, per benchmark, is the (upper) median of the benchmark's distinct GPU counts: the upper half of the scales
   it was run at is predicted from the lower half (a median over rows would put every 8-GPU LoRA row above it).
@@ -59,6 +59,7 @@ def _score(r: cal._Row, effs: dict[str, Efficiency]) -> tuple[str, cal.RowScore]
 
 def _loo_one(args: tuple[list[cal._Row], int]) -> tuple[str, cal.RowScore]:
     rows, i = args
+    # A cold refit from the priors: one warm-started from the fit on every row keeps part of the left-out row's pull.
     return _score(rows[i], cal.fit(rows[:i] + rows[i + 1 :]))
 
 
@@ -75,6 +76,7 @@ def cross_validate(rows: list[cal._Row], mode: str, threshold: int | None = None
     if len(rows) < 2:
         raise ValueError(f"--cv {mode} needs at least 2 rows that the simulator can take, got {len(rows)}")
     out: dict = {"mode": mode, "thresholds": {}, "sets": {}}
+    full = cal.fit(rows)
     if mode == "loo":
         scored = list(range(len(rows)))
         tasks = [(rows, i) for i in scored]
@@ -98,7 +100,6 @@ def cross_validate(rows: list[cal._Row], mode: str, threshold: int | None = None
         out["sets"] = {k: e.to_dict() for k, e in sorted(effs.items())}
         results = [_score(rows[i], effs) for i in scored]
         out["fit_rows"] = len(train)
-    full = cal.fit(rows)
     out["scores"] = [(rows[i].row, used, s) for i, (used, s) in zip(scored, results)]
     out["in_sample"] = [_score(rows[i], full)[1] for i in scored]
     return out

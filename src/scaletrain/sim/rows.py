@@ -1,0 +1,238 @@
+"""Published results as simulator inputs: each row's catalog system, layout and fitted set, and its predicted run
+minutes priced fast enough to be refitted hundreds of times (`calibrate.fit`, `validate` leave-one-out).
+
+A row's run time is warm-up + steps x step + evaluations x evaluation (`predict`). Only the "core" of the step
+(compute, exposed TP/CP/DP communication, pipeline bubble, optimizer) needs the step model; it depends on four
+`Efficiency` scalars (gemm_eff, tp_exposed, dp_overlap, overlap_slowdown) and is cached per system and layout,
+keyed on the scalars the row's layout actually uses (tp_exposed only with TP, the DP ones only with DP traffic).
+The fixed costs (`fixed_costs`) and the evaluation are arithmetic on top, so fitting them costs no step model call.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import replace
+
+from scaletrain.sim import mlperf
+from scaletrain.sim.catalog import Catalog, CatalogError, load_catalog
+from scaletrain.sim.comm import Cluster
+from scaletrain.sim.efficiency import GENERATION, Efficiency
+from scaletrain.sim.fixed_costs import comm_init_units, domains, expected_max_normal
+from scaletrain.sim.predict import eval_passes, expected_convergence
+from scaletrain.sim.results import PublishedResult
+from scaletrain.sim.step import StepResult, step_time
+from scaletrain.sim.workload import ClusterLayout, load_workload
+
+# Catalog node per GPU key when the system text names no cloud node type.
+_NODES = {
+    "a100": "dgx-a100",
+    "h100": "hgx-h100",
+    "h200": "hgx-h200",
+    "h200nvl": "h200nvl-pcie",
+    "b200": "dgx-b200",
+    "b300": "hgx-b300",
+    "gb200": "gb200-nvl72",
+    "gb300": "gb300-nvl72",
+    "mi300x": "mi300x-oam",
+    "mi325x": "mi325x-oam",
+    "mi350x": "mi350x-oam",
+    "mi355x": "mi355x-oam",
+}
+_AZURE = {"h100": "nd-h100-v5", "h200": "nd-h200-v5", "gb200": "nd-gb200-v6"}
+
+
+def host_network(interconnect: str) -> str:
+    """The scale-out part of a results row's interconnect text: what follows "host:" up to the next "|" (v5 rows:
+    "NVLINK Gen5 1800 GB/s | host: 8x ConnectX-7 IB NDR 400Gb/s | topo: ..."), else the text without its NVLink /
+    Infinity Fabric segments (older rows: "8x400Gb/s IB NDR"). Where storage, compute and management networks are
+    listed, the compute one."""
+    text = interconnect.lower()
+    if "host:" in text:
+        host = text.split("host:", 1)[1].split("|", 1)[0]
+        if "compute:" in host:  # "Storage: ..., Compute: 8x ConnectX-7 IB NDR, Management: 100Gb/s Ethernet"
+            host = re.split(r"management:|storage:", host.split("compute:", 1)[1])[0]
+        return host
+    scale_up = ("nvlink", "nvswitch", "xgmi", "infinity fabric")
+    return " | ".join(p for p in text.split("|") if not any(k in p for k in scale_up) and "topo:" not in p)
+
+
+def row_system(row: PublishedResult) -> tuple[str, str]:
+    """(node, fabric) catalog keys for a published row, read from its system and interconnect text.
+
+    The node is the GPU's platform (Azure ND node types where the system names them); the fabric is read from the
+    host network ("" = the node's default): XDR, HDR or other InfiniBand, else RoCE/Ethernet.
+    """
+    text = f"{row.submitter} {row.system}".lower()
+    azure = "azure" in text or re.search(r"\bnd[_ -]?(h100|h200|gb200)", text) is not None
+    node = _AZURE[row.gpu] if azure and row.gpu in _AZURE else _NODES[row.gpu]
+    host = host_network(row.interconnect)
+    if "xdr" in host or re.search(r"\b800 ?gb", host):
+        fabric = "ib-xdr"
+    elif "hdr" in host and "ndr" not in host:
+        fabric = "ib-hdr"
+    elif "ndr" in host or "infiniband" in host or re.search(r"\bib\b", host):
+        fabric = "ib-ndr"
+    elif "roce" in host or "ethernet" in host or "spectrum" in host or "slingshot" in host:
+        fabric = "roce"
+    else:
+        fabric = ""
+    return node, fabric
+
+
+def row_layout(row: PublishedResult) -> ClusterLayout:
+    """The simulator layout of a published row.
+
+    FP8 rows are NVIDIA's MLPerf recipes, which reduce gradients in bf16 (docs/perf-model.md: "a distributed optimizer
+    with bf16 gradient reduction"); FP4 rows run the FP8 recipe with FP4 GEMMs.
+    """
+    return ClusterLayout(
+        gpus=row.gpus,
+        tp=row.tp,
+        pp=row.pp,
+        vp=row.vp,
+        cp=row.cp,
+        mbs=row.mbs,
+        gbs=row.gbs,
+        sp=row.tp > 1,
+        fp8=row.fp8,
+        fp4=row.fp4,
+        bf16_grads=row.fp8,
+    )
+
+
+def set_name(row: PublishedResult) -> str:
+    """Which fitted set a row belongs to: "<release>/<generation>"."""
+    return f"{row.round}/{GENERATION.get(row.gpu, 'hopper')}"
+
+
+def _published_run(bench: str, gbs: int, converge: int) -> mlperf.Convergence:
+    """Steps and evaluations of a published run that stopped after `converge` tokens/samples.
+
+    The count is where the run stopped, so a count of whole steps is taken as it is, even where the submission's
+    evaluation cadence differs from the rules' ceil(384 / GBS) steps (v5.0 evaluated GBS 9 every 42 steps, not 43).
+    """
+    conv = mlperf.convergence(bench, gbs, converge)
+    b = mlperf.bench(bench)
+    per_step = gbs * (b.seq_len if b.converge_unit == "tokens" else 1)
+    if converge % per_step == 0 and converge // per_step < conv.steps:
+        conv = replace(conv, steps=converge // per_step, train_sequences=converge // per_step * gbs)
+    return conv
+
+
+_NO_FIXED = {"step_overhead_s": 0.0, "sync_log2_s": 0.0, "straggler_cv": 0.0}
+_CORE_CACHE: dict[tuple, tuple[float, float, float]] = {}
+_CORE_CACHE_MAX = 400_000
+
+
+class _Row:
+    """A row with everything precomputed that does not depend on the efficiencies."""
+
+    def __init__(self, row: PublishedResult, cat: Catalog):
+        self.row = row
+        self.bench = row.benchmark
+        self.w = load_workload(mlperf.bench(row.benchmark).reference_preset)
+        self.layout = row_layout(row)
+        problems = self.layout.problems(self.w)
+        if problems:
+            raise ValueError("layout " + "; ".join(problems))
+        node, fabric = row_system(row)
+        g, n, f = cat.system(row.gpu, node, fabric or None)
+        self.cluster = Cluster(g, n, f, row.gpus)
+        self.set = set_name(row)
+        # A run that did not converge (no count, inf minutes) is the olympic mean's dropped slowest on both sides.
+        self.runs = [_published_run(self.bench, row.gbs, c) for c in row.run_converge if c > 0]
+        self.failed = sum(1 for c in row.run_converge if c <= 0)
+        self.rcp = expected_convergence(self.bench, row.gbs)
+        self.ratio = 1.0
+        lay = self.layout
+        # Inside one NVLink domain the scale-out fabric carries nothing: such rows share their cached steps.
+        fab = f.key if row.gpus > n.nvlink_domain else ""
+        self._key = (g.key, n.key, fab, row.gpus, lay.tp, lay.pp, lay.vp, lay.cp, lay.mbs, lay.gbs, lay.fp8, lay.fp4)
+        self._uses_tp = lay.tp > 1
+        self._uses_dp = lay.dp * lay.cp > 1
+        self._comm_units = comm_init_units(lay)
+        self._max_n = expected_max_normal(row.gpus)
+        self._log2d = math.log2(domains(row.gpus, n.nvlink_domain))
+        # One evaluation's forward passes = this factor x the busiest rank's forward time (predict.eval_time).
+        self._eval_passes = eval_passes(self.w, lay, mlperf.bench(self.bench).eval_tokens)
+        self._obs = row.olympic_minutes
+        self._log_obs = math.log(self._obs)
+        # A run's minutes grow with its steps and evaluations, which grow together, so the olympic mean always drops
+        # the runs with the fewest and the most steps (a failed run is the most): it is the run-time formula at the
+        # mean steps and evaluations of the others.
+        ordered: list[tuple[float, float]] = sorted((float(c.steps), float(c.evals)) for c in self.runs)
+        ordered += [(math.inf, math.inf)] * self.failed
+        kept = ordered[1:-1] if len(ordered) >= 3 else []
+        self._mid = (
+            (sum(k[0] for k in kept) / len(kept), sum(k[1] for k in kept) / len(kept)) if kept else (math.nan, math.nan)
+        )
+
+    def step(self, eff: Efficiency, event: bool) -> StepResult:
+        """The full step model (breakdown and all) at `eff`."""
+        return step_time(self.w, self.layout, self.cluster, eff, event=event)
+
+    def core(self, eff: Efficiency, event: bool) -> tuple[float, float, float]:
+        """(step seconds without the fixed per-step terms, pipeline makespan, busiest forward seconds), cached."""
+        key = (
+            self._key,
+            event,
+            eff.gemm_eff,
+            eff.tp_exposed if self._uses_tp else 0.0,
+            (eff.dp_overlap, eff.overlap_slowdown) if self._uses_dp else (),
+        )
+        hit = _CORE_CACHE.get(key)
+        if hit is None:
+            if len(_CORE_CACHE) > _CORE_CACHE_MAX:
+                _CORE_CACHE.clear()
+            st = self.step(replace(eff, **_NO_FIXED), event)
+            hit = _CORE_CACHE[key] = (st.step_time_s, st.details["makespan_s"], st.forward_rank_s)
+        return hit
+
+    def timing(self, eff: Efficiency, event: bool = False) -> tuple[float, float, float]:
+        """(step, evaluation, warm-up) seconds at `eff`; the closed form is scaled by the row's event ratio."""
+        core, makespan, fwd = self.core(eff, event)
+        scale = 1.0 if event else self.ratio
+        step = (
+            core * scale
+            + eff.step_overhead_s
+            + eff.sync_log2_s * self._log2d
+            + eff.straggler_cv * self._max_n * makespan * scale
+        )
+        ev = self._eval_passes * fwd / eff.eval_eff + eff.eval_fixed_s + eff.sync_log2_s * self._log2d
+        warm = eff.warmup_steps * step + eff.comm_init_s * self._comm_units
+        return step, ev, warm
+
+    def minutes(self, eff: Efficiency, conv, event: bool = False, st=None) -> float:
+        """Minutes of one run that stops after `conv` (an mlperf.Convergence or predict.ExpectedRun)."""
+        step, ev, warm = st or self.timing(eff, event)
+        return (warm + conv.steps * step + conv.evals * ev) / 60
+
+    def run_minutes(self, eff: Efficiency, event: bool = False) -> list[float]:
+        """Predicted minutes of each published run (inf for a run that did not converge)."""
+        t = self.timing(eff, event)
+        return [self.minutes(eff, c, event, t) for c in self.runs] + [math.inf] * self.failed
+
+    def log_error(self, eff: Efficiency) -> float:
+        """log(predicted / published) of the olympic mean of the runs (closed form scaled by the event ratio)."""
+        step, ev, warm = self.timing(eff)
+        steps, evals = self._mid
+        return math.log((warm + steps * step + evals * ev) / 60) - self._log_obs
+
+    def refresh_ratio(self, eff: Efficiency) -> None:
+        """Event-simulation / closed-form ratio of the core step at `eff`."""
+        self.ratio = self.core(eff, True)[0] / self.core(eff, False)[0]
+
+
+def prepare(
+    rows: list[PublishedResult], cat: Catalog | None = None
+) -> tuple[list[_Row], list[tuple[PublishedResult, str]]]:
+    """Rows ready to fit or score, and (row, reason) for rows the simulator cannot take."""
+    cat = cat or load_catalog()
+    ready, bad = [], []
+    for row in rows:
+        try:
+            ready.append(_Row(row, cat))
+        except (ValueError, CatalogError, KeyError) as exc:
+            bad.append((row, str(exc)))
+    return ready, bad
