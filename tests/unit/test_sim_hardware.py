@@ -5,6 +5,7 @@ set, and golden numbers showing the hardware that was already there predicts exa
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 import json
 
 import pytest
@@ -119,7 +120,7 @@ def test_tp16_inside_the_nvl72_domain_is_an_nvlink_ring_and_on_hgx_crosses_the_n
     one = ring_reduce_scatter(16, size, 680.0, 2.0)
     assert step._tp_comm(LORA, lay, nvl) == pytest.approx(4 * one, rel=1e-12)
     # And that is what the prediction's TP line is made of: 80 layers, forward and backward, the exposed fraction.
-    eff, p = efficiency_for(None, "gb200")[1], predict(LORA, lay, "gb200")
+    eff, p = efficiency_for(None, "gb200", "llama2_70b_lora")[1], predict(LORA, lay, "gb200")
     assert p.breakdown["tp_exposed"] == pytest.approx(80 * 2 * 4 * one * eff.tp_exposed, rel=1e-9)
     # The same TP16 on 8-GPU HGX B200 nodes: 8 ranks over NVLink, then 2 nodes over one 400G NIC per GPU.
     hgx = _cluster(144, "b200")
@@ -181,7 +182,11 @@ def test_fp4_gemms_run_at_the_fp4_ceiling_and_beat_fp8():
     assert p8.feasible and p4.feasible
     assert p4.step_time_s < p8.step_time_s and p4.time_to_train_min < p8.time_to_train_min
     # Only the GEMMs FP8 covers change: compute drops, the fixed overhead and the memory do not.
-    assert p4.breakdown["compute"] < 0.85 * p8.breakdown["compute"]
+    assert p4.breakdown["compute"] < p8.breakdown["compute"]
+    # At the FP4 ceiling's full fraction (fp4_eff 1, the prior) the layers' GEMMs take half their FP8 time; the
+    # fitted fp4_eff keeps less of that.
+    ideal_eff = replace(efficiency_for(None, "gb200", "llama2_70b_lora")[1], fp4_eff=1.0)
+    assert predict(LORA, lay4, "gb200", eff=ideal_eff).breakdown["compute"] < 0.85 * p8.breakdown["compute"]
     assert p4.breakdown["overhead"] == p8.breakdown["overhead"]
     assert p4.memory_gib_per_gpu == p8.memory_gib_per_gpu
     assert p4.layout["fp4"] is True and "fp4" not in p8.layout
@@ -262,6 +267,43 @@ def test_generations_without_a_fitted_set_get_documented_defaults():
     assert efficiency_for(None, "gb300")[0] == "v5.1/blackwell"
     assert efficiency_for("v4.0", "h100")[0] == "v4.0/hopper"
     assert efficiency_for(None, "h200nvl")[0] == "v5.1/hopper"
+
+
+def test_sets_are_specialised_per_gpu_sku_and_benchmark():
+    doc = load_efficiencies()
+    sku, bench = doc["sku_gemm"], doc["benchmarks"]
+    # Each generation's reference SKU is its set; SKUs of it with calibration rows carry a fitted multiplier.
+    assert {"mi325x", "b300", "gb200", "gb300", "h200"} <= set(sku) and not {"h100", "b200", "mi300x"} & set(sku)
+    cdna3 = Efficiency.from_dict(doc["sets"]["v5.1/cdna3"])
+    assert efficiency_for(None, "mi300x")[1].gemm_eff == cdna3.gemm_eff
+    assert efficiency_for(None, "mi325x")[1].gemm_eff == pytest.approx(cdna3.gemm_eff * sku["mi325x"], rel=1e-12)
+    assert sku["mi325x"] > 1.1  # the 1000 W MI325X sustains higher clocks than the 750 W MI300X at equal peaks
+    # The benchmark's own TP exposure, evaluation efficiency and synchronisation; a model that is no MLPerf
+    # benchmark gets the set's, which are the pretraining benchmark's.
+    lora = efficiency_for(None, "h100", "llama2_70b_lora")[1]
+    plain = efficiency_for(None, "h100")[1]
+    for name in ("tp_exposed", "eval_eff", "sync_log2_s"):
+        assert getattr(lora, name) == bench["llama2_70b_lora"][name]
+        assert getattr(plain, name) == getattr(efficiency_for(None, "h100", "gpt3")[1], name) == bench["gpt3"][name]
+    assert lora.eval_eff != plain.eval_eff
+    # predict picks the benchmark from the model: the LoRA preset is priced with LoRA's scalars.
+    lay = ClusterLayout(gpus=8, tp=4, gbs=8, fp8=True, bf16_grads=True)
+    ttt = predict(LORA, lay, "h100").time_to_train_min
+    assert ttt == predict(LORA, lay, "h100", eff=lora).time_to_train_min
+    assert ttt != predict(LORA, lay, "h100", eff=plain).time_to_train_min
+
+
+def test_fp4_efficiency_scales_only_the_fp4_gemms():
+    from scaletrain.sim import compute
+
+    g = load_catalog().gpu("b200")
+    flops, us = 2.0 * 8192**3, g.kernel_us * 1e-6
+    full = compute.gemm_time(g, flops, True, 0.8, fp4=True)
+    half = compute.gemm_time(g, flops, True, 0.8, fp4=True, fp4_eff=0.5)
+    assert half - us == pytest.approx(2 * (full - us), rel=1e-12)
+    assert compute.gemm_time(g, flops, True, 0.8, fp4_eff=0.5) == compute.gemm_time(g, flops, True, 0.8)
+    fitted = load_efficiencies()["sets"]["v5.1/blackwell"]["fp4_eff"]
+    assert 0.4 <= fitted < 1.0  # fitted on the FP4 rows: below FP8's fraction of its ceiling
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -19,28 +19,36 @@ from typing import Any
 from scaletrain.sim import mlperf
 from scaletrain.sim.catalog import Catalog
 from scaletrain.sim.comm import Cluster
-from scaletrain.sim.efficiency import Efficiency
+from scaletrain.sim.efficiency import PER_BENCHMARK, SKU_REFERENCE, Efficiency, generation, specialise
 from scaletrain.sim.results import PublishedResult
 from scaletrain.sim.rows import _Row, host_network, prepare, row_layout, row_system, set_name
 from scaletrain.sim.step import step_time
 from scaletrain.sim.workload import ClusterLayout
 
-__all__ = ["BOUNDS", "SHARED", "RowScore", "fit", "host_network", "prepare", "row_layout", "row_system", "set_name"]
+__all__ = [
+    "BOUNDS",
+    "SHARED",
+    "FittedSets",
+    "RowScore",
+    "fit",
+    "row_eff",
+    "host_network",
+    "prepare",
+    "row_layout",
+    "row_system",
+    "set_name",
+]
 
 SHARED = (
-    "tp_exposed",
     "dp_overlap",
     "overlap_slowdown",
     "step_overhead_s",
-    "eval_eff",
-    "sync_log2_s",
     "straggler_cv",
     "warmup_steps",
     "comm_init_s",
     "eval_fixed_s",
+    "fp4_eff",
 )
-# The scalars the cached core step depends on: a search over them calls the step model, the others are arithmetic.
-CORE = ("tp_exposed", "dp_overlap", "overlap_slowdown")
 BOUNDS = {
     "gemm_eff": (0.3, 1.2),
     "tp_exposed": (0.0, 1.0),
@@ -53,7 +61,12 @@ BOUNDS = {
     "warmup_steps": (0.0, 30.0),
     "comm_init_s": (0.0, 3.0),
     "eval_fixed_s": (0.0, 5.0),
+    "fp4_eff": (0.4, 1.0),
 }
+SKU_BOUNDS = (0.6, 1.6)
+"""Bounds of a GPU SKU's gemm_eff multiplier on its generation's set (prior 1)."""
+PRETRAINING = "gpt3"
+"""The benchmark whose PER_BENCHMARK scalars the sets carry (for models that are no MLPerf benchmark)."""
 PRIOR_WEIGHT = 1e-3
 
 
@@ -78,16 +91,41 @@ class RowScore:
     """Why the row could not be predicted (then the errors are None)."""
 
 
-def _objective(rows: list[_Row], effs: dict[str, Efficiency], prior: Efficiency) -> float:
+class FittedSets(dict):
+    """Fitted Efficiency per set name ("v4.1/hopper", ...), plus the per-SKU gemm_eff multipliers (`sku_gemm`) and
+    the per-benchmark scalars (`bench`) that `efficiency.specialise` applies to a row's set."""
+
+    def __init__(self, sets=(), sku_gemm: dict | None = None, bench: dict | None = None):
+        super().__init__(sets)
+        self.sku_gemm: dict[str, float] = dict(sku_gemm or {})
+        self.bench: dict[str, dict[str, float]] = {k: dict(v) for k, v in (bench or {}).items()}
+
+    def copy(self) -> FittedSets:
+        """A copy whose dicts can be changed without touching this one."""
+        return FittedSets(self, self.sku_gemm, self.bench)
+
+
+def row_eff(effs: dict, r: _Row, base: Efficiency | None = None) -> Efficiency:
+    """The Efficiency row `r` is priced with: its set (or `base`) specialised to its GPU and benchmark."""
+    eff = effs[r.set] if base is None else base
+    return specialise(eff, r.row.gpu, r.bench, getattr(effs, "sku_gemm", {}), getattr(effs, "bench", {}))
+
+
+def _objective(rows: list[_Row], effs: FittedSets, prior: Efficiency) -> float:
     """Squared log error of the rows' olympic run minutes, averaged per benchmark and the benchmarks weighted
     equally (95 LoRA rows must not drown 10 gpt3 rows that alone see pipelines and thousands of GPUs), plus a weak
-    pull of every scalar toward its prior (each shared scalar once, each set's gemm_eff once), in units of its
-    bound range."""
+    pull of every scalar toward its prior (each shared scalar once, each benchmark's scalars once, each set's
+    gemm_eff once, each SKU multiplier toward 1), in units of its bound range."""
     sums: dict[str, list[float]] = {}
+    cache: dict[tuple, Efficiency] = {}
     for r in rows:
         if r.runs:
+            k = (r.set, r.row.gpu, r.bench)
+            e = cache.get(k)
+            if e is None:
+                e = cache[k] = row_eff(effs, r)
             acc = sums.setdefault(r.bench, [0.0, 0])
-            acc[0] += r.log_error(effs[r.set]) ** 2
+            acc[0] += r.log_error(e) ** 2
             acc[1] += 1
     err = sum(total / n for total, n in sums.values()) / max(1, len(sums))
     if not effs:
@@ -96,9 +134,15 @@ def _objective(rows: list[_Row], effs: dict[str, Efficiency], prior: Efficiency)
     for name in SHARED:
         lo, hi = BOUNDS[name]
         err += PRIOR_WEIGHT * ((getattr(any_eff, name) - getattr(prior, name)) / (hi - lo)) ** 2
+    for values in effs.bench.values():
+        for name, x in values.items():
+            lo, hi = BOUNDS[name]
+            err += PRIOR_WEIGHT * ((x - getattr(prior, name)) / (hi - lo)) ** 2
     lo, hi = BOUNDS["gemm_eff"]
     for e in effs.values():
         err += PRIOR_WEIGHT * ((e.gemm_eff - prior.gemm_eff) / (hi - lo)) ** 2
+    for m in effs.sku_gemm.values():
+        err += PRIOR_WEIGHT * ((m - 1.0) / (SKU_BOUNDS[1] - SKU_BOUNDS[0])) ** 2
     return err
 
 
@@ -123,39 +167,67 @@ def _golden(fn, lo: float, hi: float, x0: float, iters: int = 24) -> float:
 
 def fit(
     rows: list[_Row], prior: Efficiency | None = None, sweeps: int = 3, refreshes: int = 2, iters: int = 16
-) -> dict[str, Efficiency]:
-    """Fitted Efficiency per set name ("v4.1/hopper", ...) for the prepared rows.
+) -> FittedSets:
+    """Fitted sets ("v4.1/hopper", ...) with their SKU multipliers and per-benchmark scalars for the prepared rows.
 
-    Coordinate descent from the priors: each shared scalar over all rows, then each set's gemm_eff over its rows,
-    by golden-section search on the scalar's bounds (`iters` steps: 0.618^16 = 5e-4 of the range); `sweeps` rounds
-    per refresh of the event-simulation ratios. More sweeps or steps do not lower the objective measurably (the
-    valley is flat along several scalars), so leave-one-out, which refits once per row, runs this same fit.
+    Coordinate descent from the priors: each shared scalar over all rows, each benchmark's PER_BENCHMARK scalars
+    over its rows, each set's gemm_eff over its rows, each non-reference GPU SKU's gemm_eff multiplier over its
+    rows, by golden-section search on the scalar's bounds (`iters` steps: 0.618^16 = 5e-4 of the range); `sweeps`
+    rounds per refresh of the event-simulation ratios. More sweeps or steps do not lower the objective measurably
+    (the valley is flat along several scalars), so leave-one-out, which refits once per row, runs this same fit.
     """
     prior = prior or Efficiency()
-    effs = {r.set: prior for r in rows}
+    effs = FittedSets(
+        {r.set: prior for r in rows},
+        {r.row.gpu: 1.0 for r in rows if SKU_REFERENCE.get(generation(r.row.gpu)) != r.row.gpu},
+        {r.bench: {n: getattr(prior, n) for n in PER_BENCHMARK} for r in rows},
+    )
     for _ in range(refreshes):
         # The pipeline event simulation is exact but slow to call thousands of times: fit on the closed form
         # scaled by each row's event/closed-form ratio at the current point, then refresh the ratios.
         for r in rows:
-            r.refresh_ratio(effs[r.set])
+            r.refresh_ratio(row_eff(effs, r))
         for _ in range(sweeps):
             for name in SHARED:
 
                 def f_shared(x, name=name, effs=effs):
-                    trial = {k: replace(e, **{name: x}) for k, e in effs.items()}
+                    trial = FittedSets({k: replace(e, **{name: x}) for k, e in effs.items()}, effs.sku_gemm, effs.bench)
                     return _objective(rows, trial, prior)
 
                 x = _golden(f_shared, *BOUNDS[name], getattr(next(iter(effs.values())), name), iters)
-                effs = {k: replace(e, **{name: x}) for k, e in effs.items()}
+                effs = FittedSets({k: replace(e, **{name: x}) for k, e in effs.items()}, effs.sku_gemm, effs.bench)
+            for bench in sorted(effs.bench):
+                subset = [r for r in rows if r.bench == bench]
+                for name in PER_BENCHMARK:
+
+                    def f_bench(x, bench=bench, name=name, effs=effs, subset=subset):
+                        trial = effs.copy()
+                        trial.bench[bench][name] = x
+                        return _objective(subset, trial, prior)
+
+                    effs.bench[bench][name] = _golden(f_bench, *BOUNDS[name], effs.bench[bench][name], iters)
             for key in sorted(effs):
                 subset = [r for r in rows if r.set == key]
 
                 def f_set(x, key=key, effs=effs, subset=subset):
-                    trial = dict(effs)
+                    trial = effs.copy()
                     trial[key] = replace(effs[key], gemm_eff=x)
                     return _objective(subset, trial, prior)
 
                 effs[key] = replace(effs[key], gemm_eff=_golden(f_set, *BOUNDS["gemm_eff"], effs[key].gemm_eff, iters))
+            for gpu in sorted(effs.sku_gemm):
+                subset = [r for r in rows if r.row.gpu == gpu]
+
+                def f_sku(x, gpu=gpu, effs=effs, subset=subset):
+                    trial = effs.copy()
+                    trial.sku_gemm[gpu] = x
+                    return _objective(subset, trial, prior)
+
+                effs.sku_gemm[gpu] = _golden(f_sku, *SKU_BOUNDS, effs.sku_gemm[gpu], iters)
+    if PRETRAINING in effs.bench:
+        pre = effs.bench[PRETRAINING]
+        for key in effs:
+            effs[key] = replace(effs[key], **pre)
     return effs
 
 
@@ -198,6 +270,8 @@ def to_json(effs: dict[str, Efficiency], scores: list[RowScore]) -> str:
     """The efficiency.json text: the fitted sets plus the fit's own error summary."""
     doc = {
         "sets": {k: e.to_dict() for k, e in sorted(effs.items())},
+        "sku_gemm": dict(sorted(getattr(effs, "sku_gemm", {}).items())),
+        "benchmarks": {k: dict(v) for k, v in sorted(getattr(effs, "bench", {}).items())},
         "fit": {
             "objective": "squared log error of run minutes with published convergence",
             "rows": [f"{s.row.benchmark} {s.row.round} {s.row.system} {s.row.gpus}" for s in scores],

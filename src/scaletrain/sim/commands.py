@@ -190,9 +190,9 @@ def _where(r) -> str:
 
 def _row_eff(r):
     try:
-        return efficiency_for(r.row.round, r.row.gpu)[1]
+        return efficiency_for(r.row.round, r.row.gpu, r.bench)[1]
     except ValueError:
-        return efficiency_for(None, r.row.gpu)[1]  # a round newer than the calibration: its newest set
+        return efficiency_for(None, r.row.gpu, r.bench)[1]  # a round newer than the calibration: its newest set
 
 
 def cmd_validate(args) -> int:
@@ -272,7 +272,7 @@ def cmd_calibrate(args) -> int:
         for r, why in bad:
             log.warning(f"skipped {_where(r)}: {why}")
         effs = cal.fit(ready)
-        scores = cal.score_rows(ready, lambda r: effs[r.set])
+        scores = cal.score_rows(ready, lambda r: cal.row_eff(effs, r))
         doc = json.loads(cal.to_json(effs, scores))
         s = doc["fit"]
         print(

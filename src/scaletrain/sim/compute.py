@@ -43,11 +43,12 @@ class LayerTimes:
     """The GEMM part of fwd (what TP communication can overlap with)."""
 
 
-def gemm_time(gpu: GPU, flops: float, fp8: bool, eff: float, fp4: bool = False) -> float:
-    """Seconds for one GEMM of `flops` FLOPs (fp4: at the FP4 ceiling, for a GEMM that would otherwise run in FP8)."""
+def gemm_time(gpu: GPU, flops: float, fp8: bool, eff: float, fp4: bool = False, fp4_eff: float = 1.0) -> float:
+    """Seconds for one GEMM of `flops` FLOPs (fp4: at the FP4 ceiling, for a GEMM that would otherwise run in FP8;
+    `fp4_eff` is the fraction of the FP4 ceiling reached relative to FP8's, `Efficiency.fp4_eff`)."""
     if fp4 and fp8 and gpu.matmul_fp4_tflops > 0:
         # No measured FP4 curve exists yet: the kernel_us roll-off at the FP4 ceiling.
-        return flops / (gpu.matmul_fp4_tflops * TB * eff) + gpu.kernel_us * 1e-6
+        return flops / (gpu.matmul_fp4_tflops * TB * eff * fp4_eff) + gpu.kernel_us * 1e-6
     curve = gpu.gemm_curve_fp8 if fp8 else gpu.gemm_curve_bf16
     if curve:
         rate = _interp_curve(curve, flops / 1e9) * TB
@@ -72,13 +73,14 @@ def layer_gemms(w: Workload, layout: ClusterLayout) -> list[tuple[int, int, int]
     return w.inventory.gemm_shapes(layout.mbs * w.seq_len // layout.cp, layout.tp)
 
 
-def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float) -> LayerTimes:
-    """Forward and backward seconds of one transformer layer for one micro-batch on one GPU."""
+def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float, fp4_eff: float = 1.0) -> LayerTimes:
+    """Forward and backward seconds of one transformer layer for one micro-batch on one GPU (`fp4_eff`: see
+    `gemm_time`)."""
     t, cp, b, s = layout.tp, layout.cp, layout.mbs, w.seq_len
     tokens = b * s // cp
     gemm_f = gemm_b = 0.0
     for g, (m, n, k) in zip(w.inventory.layer, layer_gemms(w, layout)):
-        one = gemm_time(gpu, 2.0 * m * n * k, layout.fp8 and g.fp8, gemm_eff, fp4=layout.fp4)
+        one = gemm_time(gpu, 2.0 * m * n * k, layout.fp8 and g.fp8, gemm_eff, fp4=layout.fp4, fp4_eff=fp4_eff)
         gemm_f += one
         # Backward: data gradient always; weight gradient only for trained weights (LoRA freezes the base).
         gemm_b += one * (2 if g.trainable else 1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from importlib import resources
 
 
@@ -38,6 +38,9 @@ class Efficiency:
     """Communicator creation, seconds per process group and per doubling of its members (timed warm-up)."""
     eval_fixed_s: float = 0.5
     """Fixed seconds per evaluation besides its forward passes (mode switch, data loader, metric reduction)."""
+    fp4_eff: float = 1.0
+    """Fraction of the FP4 GEMM ceiling a training step reaches relative to the fraction of the FP8 one (gemm_eff):
+    FP4 GEMMs are shorter, so quantisation, scale handling and the non-GEMM work between them weigh more."""
 
     def to_dict(self) -> dict:
         """Plain dict."""
@@ -51,7 +54,8 @@ class Efficiency:
 
 
 def load_efficiencies() -> dict:
-    """Fitted sets: {"sets": {"v4.1/hopper": {...}, ...}, "fit": {...}}.
+    """Fitted sets: {"sets": {"v4.1/hopper": {...}, ...}, "sku_gemm": {gpu: multiplier}, "benchmarks": {benchmark:
+    {scalar: value}}, "fit": {...}} (`efficiency_for` says how they combine).
 
     The shipped sim/data/efficiency.json (fitted on the published calibration rows), then the file named by
     $SCALETRAIN_EFFICIENCY (what `scaletrain sim calibrate --out` writes), whose sets win.
@@ -61,7 +65,11 @@ def load_efficiencies() -> dict:
     user = os.environ.get("SCALETRAIN_EFFICIENCY", "")
     if user and os.path.isfile(user):
         try:
-            doc["sets"].update(json.loads(open(user).read()).get("sets", {}))
+            extra = json.loads(open(user).read())
+            doc["sets"].update(extra.get("sets", {}))
+            for section in ("sku_gemm", "benchmarks"):
+                if section in extra:
+                    doc[section] = extra[section]
         except (ValueError, AttributeError) as exc:
             raise ValueError(f"$SCALETRAIN_EFFICIENCY={user}: not an efficiency file ({exc})") from None
     return doc
@@ -83,6 +91,19 @@ GENERATION = {
     "mi355x": "cdna4",
 }
 
+# The SKU of each generation whose GEMM efficiency the generation's set is: the others of the generation carry a
+# fitted multiplier (`sku_gemm`, prior 1) where the calibration has rows for them.
+SKU_REFERENCE = {"ampere": "a100", "hopper": "h100", "blackwell": "b200", "cdna3": "mi300x", "cdna4": "mi355x"}
+
+PER_BENCHMARK = ("tp_exposed", "eval_eff", "sync_log2_s")
+"""Scalars fitted per benchmark, not shared: they depend on the benchmark's implementation, not the hardware.
+TP exposure depends on which GEMMs the TP collectives can hide under (LoRA's backward has no weight-gradient GEMMs
+of the frozen base weights, so its TP collectives have half the GEMM time to hide under) and on the
+implementation's overlap settings; evaluation efficiency on the evaluation's own code path (LoRA evaluates on long
+sequences with a different batch and loss reduction than GPT-3's perplexity evaluation); the synchronisation
+per doubling of the NVLink domains on the host work around each step's collectives. A model that is no MLPerf
+benchmark gets the set's values, which are the pretraining benchmark's (gpt3)."""
+
 DEFAULT_GEMM_EFF = Efficiency().gemm_eff
 """gemm_eff of a generation no release has a fitted set for (Ampere and CDNA 4 in the shipped file): the
 model's prior for a mature kernel library. The kernels' own distance from the datasheet peak is already in the
@@ -101,8 +122,24 @@ def generation(gpu: str) -> str:
     return GENERATION.get(gpu, "hopper")
 
 
-def efficiency_for(release: str | None, gpu: str) -> tuple[str, Efficiency]:
-    """(set name, Efficiency) for a release ("v3.0" ... "v5.1"; None/"latest" = newest) on `gpu`.
+def specialise(eff: Efficiency, gpu: str, benchmark: str | None, sku_gemm: dict, bench: dict) -> Efficiency:
+    """A set's Efficiency for one GPU SKU and benchmark: gemm_eff x the SKU's multiplier (power-limited sustained
+    clocks and memory bandwidth differ between SKUs of one generation with the same datasheet peak), and the
+    benchmark's own values of the PER_BENCHMARK scalars."""
+    changes = {k: float(v) for k, v in bench.get(benchmark or "", {}).items() if k in PER_BENCHMARK}
+    mult = float(sku_gemm.get(gpu, 1.0))
+    if mult != 1.0:
+        changes["gemm_eff"] = eff.gemm_eff * mult
+    return replace(eff, **changes) if changes else eff
+
+
+def efficiency_for(release: str | None, gpu: str, benchmark: str | None = None) -> tuple[str, Efficiency]:
+    """(set name, Efficiency) for a release ("v3.0" ... "v5.1"; None/"latest" = newest) on `gpu`, running
+    `benchmark` (an MLPerf benchmark name; None for another model).
+
+    The set found below is then specialised (`specialise`): its gemm_eff times the GPU SKU's fitted multiplier
+    ("sku_gemm"; 1 for a generation's reference SKU and SKUs without calibration rows), and the benchmark's own
+    fitted PER_BENCHMARK scalars ("benchmarks").
 
     The lookup, most specific first:
     1. the set fitted on the GPU's generation in that release ("v4.1/hopper");
@@ -113,10 +150,15 @@ def efficiency_for(release: str | None, gpu: str) -> tuple[str, Efficiency]:
        across generations (TP exposure, DP overlap and slowdown, evaluation efficiency, the fixed costs: taken
        from the release's Hopper set, else its first), with gemm_eff = DEFAULT_GEMM_EFF.
     """
-    sets = load_efficiencies()["sets"]
+    doc = load_efficiencies()
+    name, eff = _set_for(doc["sets"], release, gpu)
+    return name, specialise(eff, gpu, benchmark, doc.get("sku_gemm", {}), doc.get("benchmarks", {}))
+
+
+def _set_for(sets: dict, release: str | None, gpu: str) -> tuple[str, Efficiency]:
     if not sets:
         return "prior", Efficiency()
-    known = releases()
+    known = sorted({k.split("/")[0] for k in sets}, key=_release_key)
     if release in (None, "", "latest"):
         release = known[-1]
     if not release.startswith("v") and release[:1].isdigit():

@@ -178,6 +178,7 @@ class _Row:
             self._key,
             event,
             eff.gemm_eff,
+            eff.fp4_eff if self.layout.fp4 else 1.0,
             eff.tp_exposed if self._uses_tp else 0.0,
             (eff.dp_overlap, eff.overlap_slowdown) if self._uses_dp else (),
         )

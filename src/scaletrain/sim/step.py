@@ -72,7 +72,7 @@ def stage_costs(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency
     """Per (rank, chunk) forward/backward seconds of one micro-batch, plus the pieces for the breakdown."""
     p, v = layout.pp, layout.vp
     per_chunk = w.layers // (p * v)
-    lt = compute.layer_times(w, layout, cl.gpu, eff.gemm_eff)
+    lt = compute.layer_times(w, layout, cl.gpu, eff.gemm_eff, eff.fp4_eff)
     tp = _tp_comm(w, layout, cl) * eff.tp_exposed
     cp_f = max(0.0, _cp_comm(w, layout, cl) - lt.attn_fwd)
     cp_b = max(0.0, 2 * _cp_comm(w, layout, cl) - 2.5 * lt.attn_fwd)

@@ -25,7 +25,7 @@ from scaletrain.sim.efficiency import Efficiency, _release_key
 MODES = ("loo", "scale")
 
 
-def nearest_set(effs: dict[str, Efficiency], name: str) -> tuple[str, Efficiency]:
+def nearest_set(effs: dict, name: str) -> tuple[str, Efficiency]:
     """(set name, Efficiency) for set `name` ("v4.1/hopper") from fitted sets that may lack it."""
     if name in effs:
         return name, effs[name]
@@ -54,6 +54,7 @@ def default_thresholds(rows: list[cal._Row]) -> dict[str, int]:
 
 def _score(r: cal._Row, effs: dict[str, Efficiency]) -> tuple[str, cal.RowScore]:
     used, eff = nearest_set(effs, r.set)
+    eff = cal.row_eff(effs, r, eff)  # the SKU multiplier and benchmark scalars the fit left (1 / priors if none)
     return used, cal.score_rows([r], lambda _: eff)[0]
 
 
