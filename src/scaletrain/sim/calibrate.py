@@ -1,10 +1,12 @@
 """Fit the free scalars (`Efficiency`) on published results, and score predictions against them.
 
-One GEMM efficiency per (software release, GPU generation) and ten scalars shared by all releases are fitted by
-coordinate descent on the squared log error of each row's run times, with the row's own published tokens/samples
-to converge, so the fit sees the performance model only. The shared ones: TP exposure, DP overlap, overlap
-slowdown, evaluation efficiency, and the fixed costs of `fixed_costs` (constant host overhead, per-step
-synchronisation and straggler terms, timed warm-up, per-evaluation cost). A weak pull toward the priors keeps
+One GEMM efficiency per (software release, GPU generation), a GEMM-efficiency multiplier per non-reference GPU SKU
+(`efficiency.SKU_REFERENCE`), three scalars per benchmark (`efficiency.PER_BENCHMARK`: TP exposure, evaluation
+efficiency, per-step synchronisation) and eight shared by all are fitted by coordinate descent on the squared log
+error of each row's run times, with the row's own published tokens/samples to converge, so the fit sees the
+performance model only. The shared ones: DP overlap, overlap slowdown, FP4 efficiency, and the other fixed costs
+of `fixed_costs` (constant host overhead, straggler term, timed warm-up, communicator creation, per-evaluation
+cost). A weak pull toward the priors keeps
 scalars the data cannot see (e.g. DP overlap when no row is DP-bound) at physical values. Rows become simulator
 inputs in `rows`.
 """

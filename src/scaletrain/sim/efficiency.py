@@ -147,8 +147,8 @@ def efficiency_for(release: str | None, gpu: str, benchmark: str | None = None) 
        one): a generation's kernels matter more than the release ("v4.1/blackwell for v4.0");
     3. a generation no release was fitted on (Ampere and CDNA 4 in the shipped file) gets the documented
        default "<release>/<generation> (default)": the release's fitted scalars, which the calibration shares
-       across generations (TP exposure, DP overlap and slowdown, evaluation efficiency, the fixed costs: taken
-       from the release's Hopper set, else its first), with gemm_eff = DEFAULT_GEMM_EFF.
+       across generations (DP overlap and slowdown, FP4 efficiency, the fixed costs, and the PER_BENCHMARK ones:
+       taken from the release's Hopper set, else its first), with gemm_eff = DEFAULT_GEMM_EFF.
     """
     doc = load_efficiencies()
     name, eff = _set_for(doc["sets"], release, gpu)
