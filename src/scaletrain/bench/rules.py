@@ -21,6 +21,7 @@ from mlperf_logging.mllog import constants as C
 from scaletrain import benchmarks
 from scaletrain.config import Config
 
+from .rules_common import differs, fixed_recipe_problems
 from .rules_llama31 import is_llama31, llama31_hparams, llama31_violations
 
 __all__ = [
@@ -225,10 +226,6 @@ def disclosure_hparams(cfg: Config) -> list[tuple[str, Any]]:
     ]
 
 
-def _neq(a: float, b: float) -> bool:
-    return not math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
-
-
 def official_rule_violations(cfg: Config) -> list[str]:
     """Closed-division rules `cfg` breaks that the compliance checker cannot see; [] when compliant.
 
@@ -269,10 +266,10 @@ def official_rule_violations(cfg: Config) -> list[str]:
         allowed = [GPT3.LR_HIGH]
     else:  # between the two reference batch sizes the rules accept either LR
         allowed = [GPT3.LR_LOW, GPT3.LR_HIGH]
-    if all(_neq(o.lr, lr) for lr in allowed):
+    if all(differs(o.lr, lr) for lr in allowed):
         out.append(f"optim.lr={o.lr:g}: gpt3 at GBS {gbs} requires {' or '.join(f'{x:g}' for x in allowed)}")
     need(
-        not _neq(o.end_lr_ratio, GPT3.END_LR_RATIO),
+        not differs(o.end_lr_ratio, GPT3.END_LR_RATIO),
         f"optim.end_lr_ratio={o.end_lr_ratio:g}: gpt3 requires end LR = base/10",
     )
 
@@ -289,22 +286,14 @@ def official_rule_violations(cfg: Config) -> list[str]:
             f"optim.{field}={getattr(o, field)} gives {name} step {have} at GBS {gbs}; gpt3 requires {want}",
         )
 
-    for field, fixed in (
-        ("beta1", GPT3.BETA1),
-        ("beta2", GPT3.BETA2),
-        ("eps", GPT3.EPS),
-        ("weight_decay", GPT3.WEIGHT_DECAY),
-        ("grad_clip", GPT3.GRAD_CLIP),
-    ):
-        need(not _neq(getattr(o, field), fixed), f"optim.{field}={getattr(o, field):g}: gpt3 requires {fixed:g}")
-    need(
-        not _neq(t.target_eval_loss, GPT3.TARGET),
-        f"train.target_eval_loss={t.target_eval_loss:g}: gpt3 requires {GPT3.TARGET}",
-    )
-    need(
-        t.eval_interval_samples == GPT3.EVAL_INTERVAL_SAMPLES,
-        f"train.eval_interval_samples={t.eval_interval_samples}: gpt3 requires {GPT3.EVAL_INTERVAL_SAMPLES}",
-    )
+    fixed = {
+        "beta1": GPT3.BETA1,
+        "beta2": GPT3.BETA2,
+        "eps": GPT3.EPS,
+        "weight_decay": GPT3.WEIGHT_DECAY,
+        "grad_clip": GPT3.GRAD_CLIP,
+    }
+    out += fixed_recipe_problems(cfg, "gpt3", fixed, GPT3.TARGET, GPT3.EVAL_INTERVAL_SAMPLES)
     return out
 
 
@@ -343,7 +332,7 @@ def _lora_violations(cfg: Config) -> list[str]:
         ("optim.end_lr_ratio", o.end_lr_ratio, L.END_LR_RATIO),
         ("train.target_eval_loss", t.target_eval_loss, L.TARGET),
     ):
-        need(not _neq(have, want_v), f"{field}={have:g}: llama2_70b_lora requires {want_v:g}")
+        need(not differs(have, want_v), f"{field}={have:g}: llama2_70b_lora requires {want_v:g}")
     need(
         o.checkpoint_samples == 0,
         f"optim.checkpoint_samples={o.checkpoint_samples}: LoRA fine-tuning starts its schedule at step 0",

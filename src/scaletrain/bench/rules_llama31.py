@@ -15,6 +15,7 @@ from scaletrain import benchmarks
 from scaletrain.config import Config
 
 from .mllog import C
+from .rules_common import fixed_recipe_problems
 
 __all__ = ["LLAMA31", "LLAMA31_405B", "LLAMA31_8B", "is_llama31", "llama31_hparams", "llama31_violations"]
 
@@ -118,10 +119,6 @@ def llama31_hparams(
     return [*out, *disclosure, (C.SEED, cfg.train.seed)]
 
 
-def _neq(a: float, b: float) -> bool:
-    return not math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
-
-
 def llama31_violations(cfg: Config) -> list[str]:
     """Closed-division rules of llama31_405b / llama31_8b that `cfg` breaks; [] when compliant (or another benchmark).
 
@@ -183,21 +180,7 @@ def llama31_violations(cfg: Config) -> list[str]:
             f"{name} requires {LLAMA31_8B.MAX_STEPS} (decay_samples = {LLAMA31_8B.MAX_STEPS} * GBS)",
         )
         need(o.checkpoint_samples == 0, f"optim.checkpoint_samples={o.checkpoint_samples}: {name} starts from scratch")
-    for field, fixed in (
-        ("beta1", R.BETA1),
-        ("beta2", R.BETA2),
-        ("eps", R.EPS),
-        ("weight_decay", R.WEIGHT_DECAY),
-        ("grad_clip", R.GRAD_CLIP),
-    ):
-        need(not _neq(getattr(o, field), fixed), f"optim.{field}={getattr(o, field):g}: {name} requires {fixed:g}")
-    need(
-        not _neq(t.target_eval_loss, spec.target),
-        f"train.target_eval_loss={t.target_eval_loss:g}: {name} requires {spec.target:g}",
-    )
-    need(
-        t.eval_interval_samples == spec.eval_every_sequences,
-        f"train.eval_interval_samples={t.eval_interval_samples}: {name} requires {spec.eval_every_sequences}",
-    )
+    fixed = {"beta1": R.BETA1, "beta2": R.BETA2, "eps": R.EPS, "weight_decay": R.WEIGHT_DECAY, "grad_clip": R.GRAD_CLIP}
+    out += fixed_recipe_problems(cfg, name, fixed, spec.target, spec.eval_every_sequences)
     need(cfg.lora.rank == 0, f"lora.rank={cfg.lora.rank}: {name} trains every weight")
     return out
