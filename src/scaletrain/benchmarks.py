@@ -84,8 +84,9 @@ class BenchmarkSpec:
     """Global batch size `predict`/`sim` use when --gbs is not given."""
     plot_gpu_counts: tuple[int, ...]
     """GPU counts on the x axis of `sim plot`."""
-    proxy_needs_base: bool
-    """The proxy fine-tunes a pretrained base that `bench` builds once when checkpoint.init_from is empty."""
+    proxy_base_preset: str
+    """Preset of the pretrained base the proxy starts from, which `bench` trains once (fixed seed, to that preset's
+    target) and caches as <data dir>/<preset>-base when checkpoint.init_from is empty; "" = trains from scratch."""
     extra_calibration_files: tuple[str, ...] = ()
     """More published results in scaletrain/sim/data/ (other rounds, other column layouts), used with calibration_file."""
 
@@ -94,6 +95,11 @@ class BenchmarkSpec:
         if not self.eval_skip_gbs_divisor:
             return 0
         return gbs // self.eval_skip_gbs_divisor + self.eval_skip_offset
+
+    @property
+    def proxy_needs_base(self) -> bool:
+        """The proxy starts from a pretrained base (proxy_base_preset)."""
+        return bool(self.proxy_base_preset)
 
     @property
     def has_proxy(self) -> bool:
@@ -127,7 +133,7 @@ GPT3 = BenchmarkSpec(
     calibration_file="mlperf_gpt3_calibration.csv",
     default_gbs=2048,
     plot_gpu_counts=(64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
-    proxy_needs_base=False,
+    proxy_base_preset="",
 )
 
 LLAMA2_70B_LORA = BenchmarkSpec(
@@ -153,7 +159,7 @@ LLAMA2_70B_LORA = BenchmarkSpec(
     calibration_file="mlperf_llama2_lora_calibration.csv",
     default_gbs=8,
     plot_gpu_counts=(8, 16, 32, 64, 128, 256, 512, 1024),
-    proxy_needs_base=True,
+    proxy_base_preset="llama-proxy",
     extra_calibration_files=("mlperf_v5_llama2_70b_lora_calibration.csv",),
 )
 
@@ -162,9 +168,9 @@ LLAMA31_405B = BenchmarkSpec(
     mllog_constant="LLAMA31_405B",
     # Newest: rulesets 5.0.0-6.0.0 (mlperf-logging 4.1.68); retired in 6.1.0, whose closed_common.yaml refuses it.
     ruleset="",
-    proxy_rules_file="",
+    proxy_rules_file="llama31_405b_proxy.yaml",
     reference_preset="llama31-405b",
-    proxy_preset="",
+    proxy_preset="llama31-405b-proxy",
     arch="llama31",
     seq_len=8192,  # closed_llama31_405b.yaml: max_sequence_length == 8192
     # Not in the rules files: every converged sample count in rcps_llama31_405b.json (6.0.0) at GBS 1152, 2304 and
@@ -181,16 +187,17 @@ LLAMA31_405B = BenchmarkSpec(
     calibration_file="",
     default_gbs=1152,  # the reference's: the RCPs' smallest batch size and the LR formula's base
     plot_gpu_counts=(256, 512, 1024, 2048, 4096, 8192, 16384),
-    proxy_needs_base=True,
+    # Continued pre-training, like 405B from Meta's checkpoint: the base is llama31_8b's proxy trained to its target.
+    proxy_base_preset="llama31-8b-proxy",
 )
 
 LLAMA31_8B = BenchmarkSpec(
     name="llama31_8b",
     mllog_constant="LLAMA31_8B",
     ruleset="",  # newest: rulesets 5.1.0-6.1.0, the same closed_llama31_8b.yaml throughout
-    proxy_rules_file="",
+    proxy_rules_file="llama31_8b_proxy.yaml",
     reference_preset="llama31-8b",
-    proxy_preset="",
+    proxy_preset="llama31-8b-proxy",
     arch="llama31",
     seq_len=8192,  # closed_llama31_8b.yaml: max_sequence_length == 8192
     # Not in the rules files: every converged sample count in rcps_llama31_8b.json is a multiple of 12,288 (but
@@ -207,7 +214,7 @@ LLAMA31_8B = BenchmarkSpec(
     calibration_file="",
     default_gbs=64,  # the llama31-8b preset's, an RCP batch size (16-128)
     plot_gpu_counts=(8, 16, 32, 64, 128, 256),
-    proxy_needs_base=False,
+    proxy_base_preset="",
 )
 
 BENCHMARKS: dict[str, BenchmarkSpec] = {b.name: b for b in (GPT3, LLAMA2_70B_LORA, LLAMA31_405B, LLAMA31_8B)}

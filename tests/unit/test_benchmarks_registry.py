@@ -19,18 +19,20 @@ def test_every_benchmark_resolves_its_presets_rules_and_data(spec):
     assert ref.train.eval_interval_samples == spec.eval_every_sequences
     assert ref.train.target_eval_loss == spec.target
     assert ref.lora.rank > 0 if spec.lora else ref.lora.rank == 0
-    if not spec.has_proxy:  # llama31_*: its proxy and the simulator's data for it come later
-        assert spec.proxy_name not in benchmarks.names() and not benchmarks.is_proxy(spec.proxy_name)
-        assert not spec.calibration_file
-        return
+    assert spec.has_proxy, f"{spec.name}: every benchmark has a CPU proxy"
     proxy = resolve(spec.proxy_preset)
     assert proxy.bench.benchmark == spec.proxy_name and benchmarks.preset_for(spec.proxy_name) == spec.proxy_preset
     assert benchmarks.get(spec.proxy_name) is spec and benchmarks.is_proxy(spec.proxy_name)
     assert proxy.model.arch == spec.arch
+    if spec.proxy_needs_base:
+        base = resolve(spec.proxy_base_preset)
+        assert base.model.arch == spec.arch and not base.checkpoint.init_from
 
     from scaletrain.bench.checker import proxy_rules_path
 
     assert proxy_rules_path(spec.proxy_name).is_file()
+    if not spec.calibration_file:  # llama31_*: the simulator's data for it come with its calibration rows
+        return
     # RCPs: from the installed package when it has them, and from the bundled copy, both with records.
     assert mlperf.rcp_records(spec.name)
     raw, where = mlperf._load_rcp_raw(spec.name, mlperf.DEFAULT_RCP_VERSION, use_package=False)
@@ -59,10 +61,11 @@ def test_skip_rule_is_the_training_rules_formula():
 
 def test_lookups_name_the_known_benchmarks():
     assert benchmarks.names() == (
-        "gpt3", "gpt3-proxy", "llama2_70b_lora", "llama2_70b_lora-proxy", "llama31_405b", "llama31_8b"
+        "gpt3", "gpt3-proxy", "llama2_70b_lora", "llama2_70b_lora-proxy", "llama31_405b", "llama31_405b-proxy",
+        "llama31_8b", "llama31_8b-proxy",
     )
-    with pytest.raises(ValueError, match="unknown benchmark 'llama31_8b-proxy'"):
-        benchmarks.get("llama31_8b-proxy")
+    with pytest.raises(ValueError, match="unknown benchmark 'llama31_8b-proxy-proxy'"):
+        benchmarks.get("llama31_8b-proxy-proxy")
     assert benchmarks.for_model("llama31-405b") is benchmarks.LLAMA31_405B
     with pytest.raises(ValueError, match="unknown benchmark 'bert'.*gpt3-proxy"):
         benchmarks.get("bert")

@@ -22,7 +22,7 @@ from scaletrain import benchmarks
 from scaletrain.config import Config
 
 from .rules_common import differs, fixed_recipe_problems
-from .rules_llama31 import is_llama31, llama31_hparams, llama31_violations
+from .rules_llama31 import follows_llama31, is_llama31, llama31_hparams, llama31_violations
 
 __all__ = [
     "GPT3",
@@ -140,7 +140,7 @@ def mllog_hparams(
         raise ValueError("submission_platform must not be empty (the checker rejects '')")
     if is_lora(cfg):
         return _lora_hparams(cfg, eval_samples, train_samples, platform, dp_size)
-    if is_llama31(b.benchmark):
+    if follows_llama31(b.benchmark):
         accumulation = gradient_accumulation_steps(cfg, dp_size)
         return llama31_hparams(cfg, eval_samples, platform, accumulation, disclosure_hparams(cfg))
     gbs = cfg.train.global_batch_size

@@ -17,7 +17,16 @@ from scaletrain.config import Config
 from .mllog import C
 from .rules_common import fixed_recipe_problems
 
-__all__ = ["LLAMA31", "LLAMA31_405B", "LLAMA31_8B", "is_llama31", "llama31_hparams", "llama31_violations"]
+__all__ = [
+    "LLAMA31",
+    "LLAMA31_405B",
+    "LLAMA31_405B_PROXY",
+    "LLAMA31_8B",
+    "follows_llama31",
+    "is_llama31",
+    "llama31_hparams",
+    "llama31_violations",
+]
 
 
 class LLAMA31:
@@ -71,12 +80,26 @@ class LLAMA31_8B(LLAMA31):
     GBS_MIN, GBS_MAX = 16, 128  # rcps_llama31_8b.json, 5.1.0-6.1.0: GBS 16, 32, 64, 96, 128
 
 
+class LLAMA31_405B_PROXY:
+    """llama31_405b-proxy's form of the 405B schedule rules (bench/rules/llama31_405b_proxy.yaml): the same formulas
+    with the constants scaled to the CPU proxy. LR 2e-3 * GBS / 32, warm-up ceil(64 * 32 / GBS) steps, cosine to
+    ceil(20000 * 32 / GBS) steps; at GBS 32 an evaluation every 16 steps, as 405B's every 18,432 samples at 1152."""
+
+    BASE_GBS, BASE_LR = 32, 2e-3
+    WARMUP_STEPS_AT_BASE, TOTAL_STEPS_AT_BASE = 64, 20_000
+
+
 _RULES: dict[str, type[LLAMA31_405B] | type[LLAMA31_8B]] = {"llama31_405b": LLAMA31_405B, "llama31_8b": LLAMA31_8B}
 
 
 def is_llama31(benchmark: str) -> bool:
-    """True for the official llama31_405b and llama31_8b (their proxies, when they exist, follow their own rules)."""
+    """True for the official llama31_405b and llama31_8b (their proxies follow their own rules files)."""
     return benchmark in _RULES
+
+
+def follows_llama31(benchmark: str) -> bool:
+    """True for llama31_405b, llama31_8b and their proxies: the runs that log the Llama 3.1 init keys."""
+    return benchmark in benchmarks.names() and benchmarks.get(benchmark).name in _RULES
 
 
 def llama31_hparams(
@@ -112,7 +135,7 @@ def llama31_hparams(
         (C.GRADIENT_ACCUMULATION_STEPS, accumulation),
         (C.EVAL_SAMPLES, int(eval_samples)),
     ]
-    if name == "llama31_405b":
+    if _RULES[benchmarks.get(name).name] is LLAMA31_405B:
         out.append((C.INIT_CHECKPOINT_STEP, o.init_checkpoint_step(gbs)))
     else:
         out.append(("max_steps", total))  # closed_llama31_8b.yaml checks it; mllog has no constant for it
