@@ -223,3 +223,29 @@ def test_converging_faster_than_the_rcps_allow_fails(tmp_path):
     assert not rcp.ok and "RCP test FAILED" in rcp.output
     with pytest.raises(ValueError, match="no reference convergence points"):
         check_rcp(logs, "gpt3-proxy")
+
+
+@pytest.mark.parametrize("evals,ok", [((16, 17, 18), True), ((5, 5, 6), False)], ids=["rcp-pass", "too-fast"])
+def test_bench_runs_the_rcp_checker_over_a_complete_submission(tmp_path, evals, ok):
+    import io
+
+    from rich.console import Console
+
+    from scaletrain.bench.harness import run_benchmark
+    from scaletrain.bench.run import bench_exit_code
+    from scaletrain.bench.scripted import ScriptedEngine
+
+    cfg = _config("llama31_405b")
+    t = cfg.train.target_eval_loss
+    seeds = [cfg.train.seed + 1000 * i for i in range(3)]
+
+    def engine(c, seed, run_dir):  # run i reaches the target at its evals[i]-th evaluation
+        k = evals[seeds.index(seed)]
+        return ScriptedEngine(c, eval_losses=[t + 0.1] * (k - 1) + [t - 0.01], eval_samples=5760)
+
+    console = Console(file=io.StringIO(), width=200)
+    summary = run_benchmark(cfg, engine, tmp_path, console=console, platform="8xTEST")
+    assert summary["n_converged"] == 3 and summary["compliant_all"] and summary["rcp_ok"] is ok
+    assert ("RCP test PASSED" if ok else "RCP test FAILED") in (tmp_path / "rcp_checker.txt").read_text()
+    assert bench_exit_code(summary) == (0 if ok else 1)
+    assert ("RCP check: pass" if ok else "RCP check: FAIL") in console.file.getvalue()

@@ -34,7 +34,7 @@ from scaletrain.train.protocol import PREEMPTED, Engine, Observer
 from scaletrain.train.rundir import dumps_strict, finished_result
 from scaletrain.train.schedule import tokens_per_step
 
-from .checker import RULESET, check_log, ruleset
+from .checker import RULESET, check_log, check_rcp, ruleset
 from .mllog import MLLOG, C, MLLogWriter, restore_mllog
 from .rules import counts_samples, is_lora, mllog_hparams, official_rule_violations
 from .score import olympic_score, required_runs
@@ -314,6 +314,7 @@ def run_benchmark(
     rules = ruleset(cfg.bench.benchmark, cfg.bench.ruleset)
     seed_check = _seed_check([r["mllog"] for r in runs], rules) if cfg.bench.check else None
     compliant_all = (all(r["compliance"]["ok"] for r in runs) and bool(seed_check)) if cfg.bench.check else None
+    rcp = _rcp_check(cfg, runs, out_dir, score.n_converged) if cfg.bench.check else None
     summary = {
         "benchmark": cfg.bench.benchmark,
         "runs": runs,
@@ -329,10 +330,25 @@ def run_benchmark(
         "seed_check_ok": seed_check,
         "seeds": [int(s) for s in seeds],
         "ruleset": rules,
+        "rcp_ok": None if rcp is None else rcp.ok,
     }
     _write_json(out_dir / "summary.json", summary)
     print_summary(console, summary)
     return summary
+
+
+def _rcp_check(cfg: Config, runs: list[dict], out_dir: Path, n_converged: int):
+    """MLCommons' RCP checker over a complete, converged submission of an official benchmark (the runs it requires,
+    all converged): do they, olympic-averaged, converge no faster than the reference convergence points allow at
+    their GBS? Output in out_dir/rcp_checker.txt. None where it does not apply (proxies have no RCPs)."""
+    from scaletrain import benchmarks
+
+    name = cfg.bench.benchmark
+    if name not in benchmarks.BENCHMARKS or len(runs) != required_runs(name) or n_converged != len(runs):
+        return None
+    result = check_rcp([r["mllog"] for r in runs], name, cfg.bench.ruleset)
+    (out_dir / "rcp_checker.txt").write_text(result.output)
+    return result
 
 
 def _seed_check(logs: list[str], rules: str = RULESET) -> bool:

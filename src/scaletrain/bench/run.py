@@ -13,10 +13,11 @@ from .harness import run_benchmark
 
 
 def bench_exit_code(summary: dict) -> int:
-    """0 unless a run diverged or crashed, or a log failed the compliance check (not converging is a score)."""
+    """0 unless a run diverged or crashed, a log failed the compliance check, or a complete submission failed the RCP
+    check (not converging is a score)."""
     if any(exit_code(r) for r in summary.get("runs", [])):
         return 1
-    return 1 if summary.get("compliant_all") is False else 0
+    return 1 if summary.get("compliant_all") is False or summary.get("rcp_ok") is False else 0
 
 
 def _make_engine(cfg: Config, seed: int, run_dir: Path):

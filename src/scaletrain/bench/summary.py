@@ -38,6 +38,11 @@ def print_summary(console: Any, summary: dict) -> None:
             f"[bold]score:[/bold] {summary['score_s']:.1f} s = {summary['score_min']:.2f} min "
             f"(olympic mean of {summary['n_runs']} runs, {summary['n_converged']} converged)"
         )
+    if summary.get("rcp_ok") is not None:
+        verdict = (
+            "[green]pass[/green]" if summary["rcp_ok"] else "[red]FAIL[/red] (converged faster than the RCPs allow)"
+        )
+        console.print(f"[bold]RCP check:[/bold] {verdict}, see rcp_checker.txt")
     if summary["compliant_all"] is False:
         console.print(
             "[red]not compliant:[/red] see run_<i>/compliance.txt"
