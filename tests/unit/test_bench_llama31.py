@@ -200,11 +200,10 @@ def test_a_planted_rule_break_fails_the_checker(tmp_path, name, overrides, drop,
 @pytest.mark.parametrize(
     "name,gbs,evals,how",
     [
-        ("llama31_405b", None, [16, 17, 18], "RCP found"),  # 294,912-331,776 samples; RCP mean 313,344
         ("llama31_405b", 1728, [17, 18, 19], "RCP Interpolation"),  # between GBS 1152 and 2304
         ("llama31_8b", 48, [15, 16, 16, 16, 17, 15, 16, 16, 17, 16], "RCP Interpolation"),  # between 32 and 64
     ],
-    ids=["405b-1152", "405b-1728", "8b-48"],
+    ids=["405b-1728", "8b-48"],  # at an RCP batch size: test_bench_runs_the_rcp_checker_over_a_complete_submission
 )
 def test_scripted_submission_passes_the_rcp_checker(tmp_path, name, gbs, evals, how):
     cfg = _config(name, gbs)
@@ -216,15 +215,14 @@ def test_scripted_submission_passes_the_rcp_checker(tmp_path, name, gbs, evals, 
     assert rcp.command[rcp.command.index("--rcp_version") + 1] == ruleset(name)
 
 
-def test_converging_faster_than_the_rcps_allow_fails(tmp_path):
-    # 5-6 evaluations (92,160-110,592 samples) against an RCP mean of 313,344 at GBS 1152.
-    logs = scripted_submission(_config("llama31_405b"), tmp_path, [5, 5, 6], eval_samples=5760, platform="1xTEST")
-    rcp = check_rcp(logs, "llama31_405b")
-    assert not rcp.ok and "RCP test FAILED" in rcp.output
+def test_proxies_have_no_rcps(tmp_path):
+    # Converging too fast fails: test_bench_runs_the_rcp_checker_over_a_complete_submission[too-fast].
     with pytest.raises(ValueError, match="no reference convergence points"):
-        check_rcp(logs, "gpt3-proxy")
+        check_rcp([tmp_path / "mllog.txt"], "gpt3-proxy")
 
 
+# 16-18 evaluations = 294,912-331,776 samples at GBS 1152 (RCP mean 313,344): "RCP found", passed; 5-6 evaluations
+# (92,160-110,592 samples) converge faster than the RCPs allow.
 @pytest.mark.parametrize("evals,ok", [((16, 17, 18), True), ((5, 5, 6), False)], ids=["rcp-pass", "too-fast"])
 def test_bench_runs_the_rcp_checker_over_a_complete_submission(tmp_path, evals, ok):
     import io
@@ -246,6 +244,6 @@ def test_bench_runs_the_rcp_checker_over_a_complete_submission(tmp_path, evals, 
     console = Console(file=io.StringIO(), width=200)
     summary = run_benchmark(cfg, engine, tmp_path, console=console, platform="8xTEST")
     assert summary["n_converged"] == 3 and summary["compliant_all"] and summary["rcp_ok"] is ok
-    assert ("RCP test PASSED" if ok else "RCP test FAILED") in (tmp_path / "rcp_checker.txt").read_text()
+    assert ("RCP found, RCP test PASSED" if ok else "RCP test FAILED") in (tmp_path / "rcp_checker.txt").read_text()
     assert bench_exit_code(summary) == (0 if ok else 1)
     assert ("RCP check: pass" if ok else "RCP check: FAIL") in console.file.getvalue()
