@@ -33,7 +33,7 @@ def test_dp_shard_fills_the_world_and_kinds():
 
 @pytest.mark.parametrize("world,over,needle", [
     (2, ["parallel.tp=3", "parallel.dp_shard=1"], "tp=3 does not divide model.n_heads=4"),
-    (3, ["parallel.pp=3", "parallel.dp_shard=1"], "do not divide model.n_layers=4"),
+    (5, ["parallel.pp=5", "parallel.dp_shard=1"], "divide neither model.n_layers=4 nor 4 + 2"),
     (8, ["parallel.tp=2", "parallel.dp_shard=2"], "= 4, but the world size is 8"),
     (6, ["parallel.tp=4"], "do not divide the world size 6"),
     (2, ["parallel.cp=2", "model.seq_len=30"], "does not split into 2*cp=4 equal chunks"),
@@ -97,3 +97,17 @@ def test_trainer_takes_llama_and_lora():
     from scaletrain.config import resolve
     assert Layout.from_config(resolve("llama2-70b", overrides=["parallel.tp=8"]), 8).tp == 8  # Llama built
     assert Layout.from_config(resolve("gpt3-proxy", overrides=["lora.rank=4"]), 1).world_size == 1  # LoRA built
+
+
+def test_uneven_pipeline_split_counts_embedding_and_loss_as_layers():
+    from scaletrain.parallel.layout import stage_sizes
+    from scaletrain.parallel.pipeline import stage_layers
+
+    # NVIDIA's llama31_405b layout: 126 blocks in pp8 x vp8 = 64 stages, Megatron's embedding/loss accounting.
+    sizes = stage_sizes(126, 64)
+    assert sizes is not None and sizes[0] == sizes[-1] == 1 and set(sizes[1:-1]) == {2} and sum(sizes) == 126
+    assert list(stage_layers(126, 64, 0)) == [0] and list(stage_layers(126, 64, 63)) == [125]
+    assert [b for s in range(64) for b in stage_layers(126, 64, s)] == list(range(126))
+    assert stage_sizes(4, 3) == [1, 2, 1] and stage_sizes(4, 4) == [1] * 4
+    assert stage_sizes(4, 5) is None and stage_sizes(2, 4) is None  # an end stage would hold no block
+    Layout.from_config(resolve("gpt3-proxy", overrides=["parallel.pp=3", "train.micro_batch_size=8"]), 3)

@@ -25,6 +25,18 @@ class LayoutError(ConfigError):
     """A parallel layout does not fit the world size or the model; the message says which degree and why."""
 
 
+def stage_sizes(n_layers: int, num_stages: int) -> list[int] | None:
+    """Blocks of each stage: n_layers / num_stages each, or (n_layers + 2) / num_stages with one fewer on the first
+    and the last stage (which also hold the embedding and the loss; each keeps at least one block); None when
+    neither divides."""
+    if n_layers % num_stages == 0:
+        return [n_layers // num_stages] * num_stages
+    per = (n_layers + 2) // num_stages
+    if (n_layers + 2) % num_stages or per < 2:
+        return None
+    return [per - 1] + [per] * (num_stages - 2) + [per - 1]
+
+
 @dataclass(frozen=True)
 class Layout:
     """Resolved parallel degrees (dp_shard filled in) for a world of `world_size` ranks."""
@@ -146,8 +158,11 @@ class Layout:
             out.append(f"parallel.pp_virtual={self.pp_virtual} needs parallel.pp_schedule='interleaved_1f1b'")
         if self.pp == 1 and self.pp_virtual > 1:
             out.append(f"parallel.pp_virtual={self.pp_virtual} needs parallel.pp >= 2")
-        if m.n_layers % self.num_stages:
-            out.append(f"pp x pp_virtual = {self.num_stages} stages do not divide model.n_layers={m.n_layers}")
+        if stage_sizes(m.n_layers, self.num_stages) is None:
+            out.append(
+                f"pp x pp_virtual = {self.num_stages} stages divide neither model.n_layers={m.n_layers} nor "
+                f"{m.n_layers} + 2 (the embedding and the loss counted as a layer each, as Megatron can)"
+            )
         gbs, mbs = t.global_batch_size, t.micro_batch_size
         if gbs % self.dp:
             out.append(f"train.global_batch_size={gbs} is not a multiple of the data-parallel size {self.dp}")

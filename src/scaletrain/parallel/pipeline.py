@@ -1,7 +1,10 @@
 """Pipeline parallelism with torch.distributed.pipelining: stage modules cut from the plain GPT, and a schedule.
 
 Layers are split evenly over pp * pp_virtual stages; the embedding goes with the first stage and the final
-LayerNorm and output layer with the last one. Stage s of an interleaved pipeline lives on pipeline rank s % pp
+LayerNorm and output layer with the last one. Where the stages do not divide the layers but do divide layers + 2,
+the split is Megatron's `account_for_embedding_in_pipeline_split` + `account_for_loss_in_pipeline_split` (NVIDIA's
+llama31_405b layout: 126 layers in pp8 x vp8 = 64 stages): the embedding and the loss count as a layer each, so the
+first and the last stage hold one block fewer. Stage s of an interleaved pipeline lives on pipeline rank s % pp
 (the "loop" placement), so rank 0 holds stages 0, pp, 2pp, ... and the last stage is on rank pp - 1.
 The output layer is tied to the embedding; on different ranks they are two copies that the trainer keeps equal
 by summing their gradients (`TiedEmbeddingSync`), as Megatron-LM does.
@@ -17,6 +20,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from .layout import stage_sizes
+
 if TYPE_CHECKING:
     from scaletrain.model.build import Decoder
 
@@ -27,9 +32,12 @@ def stage_ids(pp_rank: int, pp: int, pp_virtual: int) -> list[int]:
 
 
 def stage_layers(n_layers: int, num_stages: int, stage: int) -> range:
-    """Block indices of `stage` when n_layers split evenly into num_stages."""
-    per = n_layers // num_stages
-    return range(stage * per, (stage + 1) * per)
+    """Block indices of `stage` (see `stage_sizes`)."""
+    sizes = stage_sizes(n_layers, num_stages)
+    if sizes is None:
+        raise ValueError(f"{num_stages} pipeline stages divide neither {n_layers} layers nor {n_layers} + 2")
+    start = sum(sizes[:stage])
+    return range(start, start + sizes[stage])
 
 
 def cut_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
