@@ -21,7 +21,15 @@ from typing import Any
 from scaletrain.sim import mlperf
 from scaletrain.sim.catalog import Catalog
 from scaletrain.sim.comm import Cluster
-from scaletrain.sim.efficiency import PER_BENCHMARK, SKU_REFERENCE, Efficiency, generation, specialise
+from scaletrain.sim.efficiency import (
+    OWN_FIT,
+    PER_BENCHMARK,
+    SKU_REFERENCE,
+    Efficiency,
+    _release_key,
+    generation,
+    specialise,
+)
 from scaletrain.sim.results import PublishedResult
 from scaletrain.sim.rows import _Row, host_network, prepare, row_layout, row_system, set_name
 from scaletrain.sim.step import step_time
@@ -33,6 +41,9 @@ __all__ = [
     "FittedSets",
     "RowScore",
     "fit",
+    "fit_own",
+    "fit_shared",
+    "nearest_set",
     "row_eff",
     "host_network",
     "prepare",
@@ -67,6 +78,13 @@ BOUNDS = {
 }
 SKU_BOUNDS = (0.6, 1.6)
 """Bounds of a GPU SKU's gemm_eff multiplier on its generation's set (prior 1)."""
+SHARED_FIT = ("gpt3", "llama2_70b_lora")
+"""Benchmarks whose rows fit the shared scalars, the sets' GEMM efficiencies and the SKU multipliers (`fit`); the
+rows of the others fit only their own OWN_FIT scalars on top."""
+OWN_BOUNDS = {**{n: BOUNDS[n] for n in OWN_FIT if n in BOUNDS}, "gemm_mult": SKU_BOUNDS}
+"""Bounds of the OWN_FIT scalars: those of the same Efficiency fields, gemm_mult those of a SKU multiplier."""
+ROWS_PER_OWN_SCALAR = 4
+"""Rows a benchmark outside SHARED_FIT needs per OWN_FIT scalar it fits (`fit_own`)."""
 PRETRAINING = "gpt3"
 """The benchmark whose PER_BENCHMARK scalars the sets carry (for models that are no MLPerf benchmark)."""
 PRIOR_WEIGHT = 1e-3
@@ -168,6 +186,91 @@ def _golden(fn, lo: float, hi: float, x0: float, iters: int = 24) -> float:
 
 
 def fit(
+    rows: list[_Row], prior: Efficiency | None = None, sweeps: int = 3, refreshes: int = 2, iters: int = 16
+) -> FittedSets:
+    """Fitted sets with their SKU multipliers and per-benchmark scalars for the prepared rows, in two stages.
+
+    The rows of the SHARED_FIT benchmarks fit everything (`fit_shared`); the rows of any other benchmark then fit
+    only that benchmark's OWN_FIT scalars on top (`fit_own`), so its few rows (4 for llama31_405b) cannot move what
+    the others pinned. Without SHARED_FIT rows, the rows given fit everything.
+    """
+    base = [r for r in rows if r.bench in SHARED_FIT]
+    if not base:
+        return fit_shared(rows, prior, sweeps, refreshes, iters)
+    effs = fit_shared(base, prior, sweeps, refreshes, iters)
+    for bench in sorted({r.bench for r in rows if r.bench not in SHARED_FIT}):
+        effs = fit_own([r for r in rows if r.bench == bench], effs, sweeps, refreshes, iters)
+    return effs
+
+
+def _own_priors(effs: FittedSets, bench: str) -> dict[str, float]:
+    """Where a benchmark's OWN_FIT scalars start and are pulled toward: the pretraining benchmark's PER_BENCHMARK
+    values (Megatron pretraining like it), the shared DP overlap, and gemm_mult 1."""
+    first = next(iter(effs.values()))
+    pre = effs.bench.get(PRETRAINING, {})
+    out = {n: float(pre.get(n, getattr(first, n))) for n in PER_BENCHMARK}
+    out["dp_overlap"] = first.dp_overlap
+    out["gemm_mult"] = 1.0
+    return out
+
+
+def fit_own(rows: list[_Row], effs: FittedSets, sweeps: int = 3, refreshes: int = 2, iters: int = 16) -> FittedSets:
+    """`effs` plus one benchmark's OWN_FIT scalars fitted on its `rows` (every other scalar held): coordinate
+    descent by golden-section search within OWN_BOUNDS, on the squared log error of the rows' run minutes plus the
+    same weak pull toward the priors (`_own_priors`) as `_objective`. A row whose set (release/generation) `effs`
+    lacks gets the nearest one (`nearest_set`).
+
+    Only the first len(rows) // ROWS_PER_OWN_SCALAR of OWN_FIT (at least gemm_mult) are fitted: llama31_405b's 4
+    rows fit gemm_mult alone (with all five its leave-one-out error doubles: the rows differ mostly in GPU and
+    submitter, so five scalars trade against each other), llama31_8b's 24 all five. The others keep the set's values.
+    """
+    effs = effs.copy()
+    bench = rows[0].bench
+    names = OWN_FIT[: max(1, len(rows) // ROWS_PER_OWN_SCALAR)]
+    priors = {n: v for n, v in _own_priors(effs, bench).items() if n in names}
+    for r in rows:
+        if r.set not in effs:
+            effs[r.set] = nearest_set(effs, r.set)[1]
+    values = dict(priors)
+
+    def objective(vals: dict[str, float]) -> float:
+        trial = {bench: vals}
+        err = sum(r.log_error(specialise(effs[r.set], r.row.gpu, bench, effs.sku_gemm, trial)) ** 2 for r in rows)
+        err /= len(rows)
+        for name, x in vals.items():
+            lo, hi = OWN_BOUNDS[name]
+            err += PRIOR_WEIGHT * ((x - priors[name]) / (hi - lo)) ** 2
+        return err
+
+    for _ in range(refreshes):
+        for r in rows:
+            r.refresh_ratio(specialise(effs[r.set], r.row.gpu, bench, effs.sku_gemm, {bench: values}))
+        for _ in range(sweeps):
+            for name in names:
+                values[name] = _golden(
+                    lambda x, name=name: objective({**values, name: x}), *OWN_BOUNDS[name], values[name], iters
+                )
+    effs.bench[bench] = values
+    return effs
+
+
+def nearest_set(effs: dict, name: str) -> tuple[str, Efficiency]:
+    """(set name, Efficiency) for set `name` ("v4.1/hopper") from fitted sets that may lack it: the same release's
+    other generation (its own, then Hopper, Blackwell, Ampere), else the newest release's, its own generation
+    first; the priors when there is no set at all."""
+    if name in effs:
+        return name, effs[name]
+    release, gen = name.split("/", 1)
+    for candidate in (gen, "hopper", "blackwell", "ampere"):
+        if f"{release}/{candidate}" in effs:
+            return f"{release}/{candidate}", effs[f"{release}/{candidate}"]
+    newest = sorted(effs, key=lambda k: (k.split("/")[1] == gen, _release_key(k.split("/")[0])))
+    if not newest:
+        return "prior", Efficiency()
+    return newest[-1], effs[newest[-1]]
+
+
+def fit_shared(
     rows: list[_Row], prior: Efficiency | None = None, sweeps: int = 3, refreshes: int = 2, iters: int = 16
 ) -> FittedSets:
     """Fitted sets ("v4.1/hopper", ...) with their SKU multipliers and per-benchmark scalars for the prepared rows.

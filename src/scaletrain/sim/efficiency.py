@@ -122,12 +122,21 @@ def generation(gpu: str) -> str:
     return GENERATION.get(gpu, "hopper")
 
 
+OWN_FIT = ("gemm_mult", "eval_eff", "dp_overlap", "sync_log2_s", "tp_exposed")
+"""Scalars a benchmark outside `calibrate.SHARED_FIT` (llama31_405b, llama31_8b) may fit on its own rows, on top of
+the sets the others fitted, most telling first (`calibrate.fit_own` fits as many as its rows can pin): `gemm_mult`,
+a multiplier on the set's gemm_eff (its kernels and fusions at its shapes), the PER_BENCHMARK ones and DP overlap
+(how its implementation overlaps the gradient reduction)."""
+
+
 def specialise(eff: Efficiency, gpu: str, benchmark: str | None, sku_gemm: dict, bench: dict) -> Efficiency:
     """A set's Efficiency for one GPU SKU and benchmark: gemm_eff x the SKU's multiplier (power-limited sustained
-    clocks and memory bandwidth differ between SKUs of one generation with the same datasheet peak), and the
-    benchmark's own values of the PER_BENCHMARK scalars."""
-    changes = {k: float(v) for k, v in bench.get(benchmark or "", {}).items() if k in PER_BENCHMARK}
-    mult = float(sku_gemm.get(gpu, 1.0))
+    clocks and memory bandwidth differ between SKUs of one generation with the same datasheet peak) x the
+    benchmark's own `gemm_mult` where it has one, and the benchmark's own values of the PER_BENCHMARK scalars (and
+    of the OWN_FIT ones it was fitted with)."""
+    own = bench.get(benchmark or "", {})
+    changes = {k: float(v) for k, v in own.items() if k in OWN_FIT and k != "gemm_mult"}
+    mult = float(sku_gemm.get(gpu, 1.0)) * float(own.get("gemm_mult", 1.0))
     if mult != 1.0:
         changes["gemm_eff"] = eff.gemm_eff * mult
     return replace(eff, **changes) if changes else eff

@@ -20,23 +20,10 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 
 from scaletrain.sim import calibrate as cal
-from scaletrain.sim.efficiency import Efficiency, _release_key
+from scaletrain.sim.calibrate import nearest_set
+from scaletrain.sim.efficiency import Efficiency
 
 MODES = ("loo", "scale")
-
-
-def nearest_set(effs: dict, name: str) -> tuple[str, Efficiency]:
-    """(set name, Efficiency) for set `name` ("v4.1/hopper") from fitted sets that may lack it."""
-    if name in effs:
-        return name, effs[name]
-    release, gen = name.split("/", 1)
-    for candidate in (gen, "hopper", "blackwell", "ampere"):
-        if f"{release}/{candidate}" in effs:
-            return f"{release}/{candidate}", effs[f"{release}/{candidate}"]
-    newest = sorted(effs, key=lambda k: (k.split("/")[1] == gen, _release_key(k.split("/")[0])))
-    if not newest:
-        return "prior", Efficiency()
-    return newest[-1], effs[newest[-1]]
 
 
 def default_thresholds(rows: list[cal._Row]) -> dict[str, int]:
