@@ -176,7 +176,7 @@ def test_own_fit_moves_only_the_benchmarks_scalars():
     effs = cal.fit_own(ready, shipped)
     assert dict(effs) == dict(shipped) and effs.sku_gemm == shipped.sku_gemm
     assert {k: effs.bench[k] for k in cal.SHARED_FIT} == {k: shipped.bench[k] for k in cal.SHARED_FIT}
-    # 4 rows pin one scalar (gemm_mult), the one the shipped file holds; 24 rows all of OWN_FIT.
+    # 4 rows pin one scalar (gemm_mult), the one the shipped file holds; 24 rows both of OWN_FIT.
     assert set(effs.bench["llama31_405b"]) == {"gemm_mult"}
     assert effs.bench["llama31_405b"]["gemm_mult"] == pytest.approx(doc["benchmarks"]["llama31_405b"]["gemm_mult"])
     assert set(doc["benchmarks"]["llama31_8b"]) == set(OWN_FIT)
