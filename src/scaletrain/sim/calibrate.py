@@ -44,6 +44,7 @@ __all__ = [
     "fit_own",
     "fit_shared",
     "nearest_set",
+    "own_fit_note",
     "row_eff",
     "host_network",
     "prepare",
@@ -265,6 +266,19 @@ def fit_own(rows: list[_Row], effs: FittedSets, sweeps: int = 3, refreshes: int 
                 )
     effs.bench[bench] = values
     return effs
+
+
+def own_fit_note(bench: str, rows: int) -> str:
+    """What a benchmark outside SHARED_FIT with `rows` calibration rows fits of its own ("" for the others), for
+    `sim validate` to print beside its errors."""
+    if bench in SHARED_FIT or rows <= 0:
+        return ""
+    names = OWN_FIT[: max(1, rows // ROWS_PER_OWN_SCALAR)]
+    return (
+        f"note: {bench}'s {rows} rows fit only {', '.join(names)} of its own, on top of the "
+        f"{'/'.join(SHARED_FIT)} fit"
+        + (f"; {rows} rows pin little: its errors say little about a new result" if rows < 10 else "")
+    )
 
 
 def nearest_set(effs: dict, name: str) -> tuple[str, Efficiency]:

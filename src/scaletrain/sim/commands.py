@@ -245,6 +245,10 @@ def cmd_validate(args) -> int:
                 else ""
             )
         )
+    for b, bench_scores in by_bench.items():
+        note = cal.own_fit_note(b, len(bench_scores))
+        if note:
+            print(note)
     for where, why in errors:
         print(f"skipped {where}: {why}")
     if cv:
