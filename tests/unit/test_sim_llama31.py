@@ -185,3 +185,18 @@ def test_own_fit_moves_only_the_benchmarks_scalars():
     assert efficiency_for(None, "h100", "llama31_405b")[1].gemm_eff == pytest.approx(
         efficiency_for(None, "h100")[1].gemm_eff * mult
     )
+
+
+def test_plan_searches_the_uneven_depths_and_prices_both_models():
+    from scaletrain.sim import plan as planner
+
+    assert {1, 2, 3, 8, 16, 64} <= set(planner._depths(126)) and 5 not in planner._depths(126)
+    assert planner._depths(96) == [d for d in range(1, 97) if 96 % d == 0 or (98 % d == 0 and 98 // d >= 2)]
+    for w, gpu, gpus in ((W8, "b200", 8), (W405, "gb200", 256)):
+        res = planner.plan(w, gpu, gpus, top=1)
+        best = res.best[0]
+        assert best.feasible and best.time_to_train_min is not None
+        lay = best.layout
+        assert chunk_layers(w.layers, lay["pp"], lay["vp"]) is not None
+        bench = "llama31_8b" if w is W8 else "llama31_405b"
+        assert min(mlperf.rcp_records(bench)) <= lay["gbs"] <= max(mlperf.rcp_records(bench))
