@@ -26,8 +26,8 @@ from scaletrain.sim.efficiency import (
     PER_BENCHMARK,
     SKU_REFERENCE,
     Efficiency,
-    _release_key,
     generation,
+    nearest_set,
     specialise,
 )
 from scaletrain.sim.results import PublishedResult
@@ -43,8 +43,6 @@ __all__ = [
     "fit",
     "fit_own",
     "fit_shared",
-    "nearest_set",
-    "own_fit_note",
     "row_eff",
     "host_network",
     "prepare",
@@ -192,23 +190,16 @@ _SHARED_MEMO: dict[tuple, FittedSets] = {}
 def fit(
     rows: list[_Row], prior: Efficiency | None = None, sweeps: int = 3, refreshes: int = 2, iters: int = 16
 ) -> FittedSets:
-    """Fitted sets with their SKU multipliers and per-benchmark scalars for the prepared rows, in two stages.
-
-    The rows of the SHARED_FIT benchmarks fit everything (`fit_shared`); the rows of any other benchmark then fit
-    only that benchmark's OWN_FIT scalars on top (`fit_own`), so its few rows (4 for llama31_405b) cannot move what
-    the others pinned. Without SHARED_FIT rows, the rows given fit everything.
-    """
+    """Fitted sets with their SKU multipliers and per-benchmark scalars for the prepared rows, in two stages: the
+    SHARED_FIT rows fit everything (`fit_shared`), then each other benchmark's rows only its own OWN_FIT scalars on
+    top (`fit_own`), so its few rows (4 for llama31_405b) cannot move what the others pinned. Without SHARED_FIT
+    rows, the rows given fit everything."""
     base = [r for r in rows if r.bench in SHARED_FIT]
     if not base:
         return fit_shared(rows, prior, sweeps, refreshes, iters)
     # Leave-one-out of a row of another benchmark refits the same SHARED_FIT rows each time: reuse that stage.
-    key = (
-        tuple((r.row.file, r.row.benchmark, r.row.line, r.row.system) for r in base),
-        prior,
-        sweeps,
-        refreshes,
-        iters,
-    )
+    ids = tuple((r.row.file, r.row.benchmark, r.row.line, r.row.system) for r in base)
+    key = (ids, prior, sweeps, refreshes, iters)
     if key not in _SHARED_MEMO:
         if len(_SHARED_MEMO) > 4:
             _SHARED_MEMO.clear()
@@ -219,82 +210,41 @@ def fit(
     return effs
 
 
-def _own_priors(effs: FittedSets, bench: str) -> dict[str, float]:
-    """Where a benchmark's OWN_FIT scalars start and are pulled toward: gemm_mult 1, the others the pretraining
-    benchmark's values (Megatron pretraining like it), else the sets'."""
-    first = next(iter(effs.values()))
-    pre = effs.bench.get(PRETRAINING, {})
-    return {n: 1.0 if n == "gemm_mult" else float(pre.get(n, getattr(first, n))) for n in OWN_FIT}
-
-
 def fit_own(rows: list[_Row], effs: FittedSets, sweeps: int = 3, refreshes: int = 2, iters: int = 16) -> FittedSets:
-    """`effs` plus one benchmark's OWN_FIT scalars fitted on its `rows` (every other scalar held): coordinate
-    descent by golden-section search within OWN_BOUNDS, on the squared log error of the rows' run minutes plus the
-    same weak pull toward the priors (`_own_priors`) as `_objective`. A row whose set (release/generation) `effs`
-    lacks gets the nearest one (`nearest_set`).
+    """`effs` plus one benchmark's OWN_FIT scalars fitted on its `rows`, everything else held: golden-section
+    coordinate descent within OWN_BOUNDS on the squared log error of the rows' run minutes, with `_objective`'s weak
+    pull toward the priors (gemm_mult 1, the others the pretraining benchmark's values: Megatron pretraining like
+    it). A row whose set `effs` lacks gets the nearest one (`nearest_set`).
 
     Only the first len(rows) // ROWS_PER_OWN_SCALAR of OWN_FIT (at least gemm_mult) are fitted: llama31_405b's 4
-    rows fit gemm_mult alone (with eval_eff too its leave-one-out error grows from 16.7% to 18.2% mean, and with the
-    PER_BENCHMARK ones and DP overlap to 22%: its rows differ mostly in GPU and submitter, so the scalars trade
-    against each other), llama31_8b's 24 both. The others keep the set's values.
+    rows fit gemm_mult alone (with eval_eff too its leave-one-out error grows from 16.7% to 18.2% mean, with the
+    PER_BENCHMARK ones and DP overlap to 22%: its rows differ mostly in GPU and submitter), llama31_8b's 24 both.
     """
     effs = effs.copy()
     bench = rows[0].bench
     names = OWN_FIT[: max(1, len(rows) // ROWS_PER_OWN_SCALAR)]
-    priors = {n: v for n, v in _own_priors(effs, bench).items() if n in names}
+    pre, first = effs.bench.get(PRETRAINING, {}), next(iter(effs.values()))
+    priors = {n: 1.0 if n == "gemm_mult" else float(pre.get(n, getattr(first, n))) for n in names}
     for r in rows:
         if r.set not in effs:
             effs[r.set] = nearest_set(effs, r.set)[1]
     values = dict(priors)
 
+    def eff(r: _Row, vals: dict[str, float]) -> Efficiency:
+        return specialise(effs[r.set], r.row.gpu, bench, effs.sku_gemm, {bench: vals})
+
     def objective(vals: dict[str, float]) -> float:
-        trial = {bench: vals}
-        err = sum(r.log_error(specialise(effs[r.set], r.row.gpu, bench, effs.sku_gemm, trial)) ** 2 for r in rows)
-        err /= len(rows)
-        for name, x in vals.items():
-            lo, hi = OWN_BOUNDS[name]
-            err += PRIOR_WEIGHT * ((x - priors[name]) / (hi - lo)) ** 2
-        return err
+        pull = sum(((x - priors[n]) / (OWN_BOUNDS[n][1] - OWN_BOUNDS[n][0])) ** 2 for n, x in vals.items())
+        return sum(r.log_error(eff(r, vals)) ** 2 for r in rows) / len(rows) + PRIOR_WEIGHT * pull
 
     for _ in range(refreshes):
         for r in rows:
-            r.refresh_ratio(specialise(effs[r.set], r.row.gpu, bench, effs.sku_gemm, {bench: values}))
+            r.refresh_ratio(eff(r, values))
         for _ in range(sweeps):
-            for name in names:
-                values[name] = _golden(
-                    lambda x, name=name: objective({**values, name: x}), *OWN_BOUNDS[name], values[name], iters
-                )
+            for n in names:
+                values[n] = _golden(lambda x, n=n: objective({**values, n: x}), *OWN_BOUNDS[n], values[n], iters)
     effs.bench[bench] = values
     return effs
-
-
-def own_fit_note(bench: str, rows: int) -> str:
-    """What a benchmark outside SHARED_FIT with `rows` calibration rows fits of its own ("" for the others), for
-    `sim validate` to print beside its errors."""
-    if bench in SHARED_FIT or rows <= 0:
-        return ""
-    names = OWN_FIT[: max(1, rows // ROWS_PER_OWN_SCALAR)]
-    return (
-        f"note: {bench}'s {rows} rows fit only {', '.join(names)} of its own, on top of the "
-        f"{'/'.join(SHARED_FIT)} fit"
-        + (f"; {rows} rows pin little: its errors say little about a new result" if rows < 10 else "")
-    )
-
-
-def nearest_set(effs: dict, name: str) -> tuple[str, Efficiency]:
-    """(set name, Efficiency) for set `name` ("v4.1/hopper") from fitted sets that may lack it: the same release's
-    other generation (its own, then Hopper, Blackwell, Ampere), else the newest release's, its own generation
-    first; the priors when there is no set at all."""
-    if name in effs:
-        return name, effs[name]
-    release, gen = name.split("/", 1)
-    for candidate in (gen, "hopper", "blackwell", "ampere"):
-        if f"{release}/{candidate}" in effs:
-            return f"{release}/{candidate}", effs[f"{release}/{candidate}"]
-    newest = sorted(effs, key=lambda k: (k.split("/")[1] == gen, _release_key(k.split("/")[0])))
-    if not newest:
-        return "prior", Efficiency()
-    return newest[-1], effs[newest[-1]]
 
 
 def fit_shared(

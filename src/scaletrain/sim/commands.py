@@ -18,7 +18,7 @@ from scaletrain.sim.efficiency import efficiency_for
 from scaletrain.sim.predict import Prediction, predict
 from scaletrain.sim.results import bundled_results, bundled_skipped, load_results
 from scaletrain.sim.run_lines import plan_run_lines, print_run_lines
-from scaletrain.sim.validate import cross_validate, cv_json, default_jobs, print_cv, score_dict
+from scaletrain.sim.validate import cross_validate, cv_json, default_jobs, own_fit_note, print_cv, score_dict
 from scaletrain.sim.workload import ClusterLayout, load_config, load_workload
 
 log = get_logger(__name__)
@@ -246,7 +246,7 @@ def cmd_validate(args) -> int:
             )
         )
     for b, bench_scores in by_bench.items():
-        note = cal.own_fit_note(b, len(bench_scores))
+        note = own_fit_note(b, len(bench_scores))
         if note:
             print(note)
     for where, why in errors:

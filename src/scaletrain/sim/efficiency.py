@@ -197,3 +197,19 @@ def _release_key(name: str) -> tuple:
         return tuple(int(x) for x in name.lstrip("v").split("."))
     except ValueError:
         return (0,)
+
+
+def nearest_set(effs: dict, name: str) -> tuple[str, Efficiency]:
+    """(set name, Efficiency) for set `name` ("v4.1/hopper") from fitted sets that may lack it: the same release's
+    other generation (its own, then Hopper, Blackwell, Ampere), else the newest release's, its own generation
+    first; the priors when there is no set at all."""
+    if name in effs:
+        return name, effs[name]
+    release, gen = name.split("/", 1)
+    for candidate in (gen, "hopper", "blackwell", "ampere"):
+        if f"{release}/{candidate}" in effs:
+            return f"{release}/{candidate}", effs[f"{release}/{candidate}"]
+    newest = sorted(effs, key=lambda k: (k.split("/")[1] == gen, _release_key(k.split("/")[0])))
+    if not newest:
+        return "prior", Efficiency()
+    return newest[-1], effs[newest[-1]]
