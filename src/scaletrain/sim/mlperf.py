@@ -10,6 +10,8 @@ then turns into time-to-train. Rules per `docs/benchmarks.md`:
   SKIP_EVALS=3 at GBS 8): evaluation k happens after k intervals, the first timed one is k = skip+1, so a
   run cannot stop before (skip+1) intervals and runs (intervals - skip) evaluations. Eval set 173 samples
   packed to 8192 tokens; converge unit = training samples.
+- llama31_405b / llama31_8b: evaluate every 18,432 / 12,288 sequences over 5,760 / 1,024 sequences of 8192
+  tokens, none skipped; converge unit = training samples; RCPs of their own rulesets (`rcp_version`).
 
 Each benchmark's constants are its `scaletrain.benchmarks` entry. RCP (reference convergence point) tables
 are read from the installed `mlperf-logging` package's JSON files without importing its checker (which pulls
