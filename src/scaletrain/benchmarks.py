@@ -184,7 +184,7 @@ LLAMA31_405B = BenchmarkSpec(
     lora=False,
     eval_skip_gbs_divisor=0,
     eval_skip_offset=0,
-    calibration_file="",
+    calibration_file="mlperf_v5_llama31_405b_calibration.csv",
     default_gbs=1152,  # the reference's: the RCPs' smallest batch size and the LR formula's base
     plot_gpu_counts=(256, 512, 1024, 2048, 4096, 8192, 16384),
     # Continued pre-training, like 405B from Meta's checkpoint: the base is llama31_8b's proxy trained to its target.
@@ -211,7 +211,7 @@ LLAMA31_8B = BenchmarkSpec(
     lora=False,
     eval_skip_gbs_divisor=0,
     eval_skip_offset=0,
-    calibration_file="",
+    calibration_file="mlperf_v5_llama31_8b_calibration.csv",
     default_gbs=64,  # the llama31-8b preset's, an RCP batch size (16-128)
     plot_gpu_counts=(8, 16, 32, 64, 128, 256),
     proxy_base_preset="",

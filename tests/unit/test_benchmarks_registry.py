@@ -19,6 +19,15 @@ def test_every_benchmark_resolves_its_presets_rules_and_data(spec):
     assert ref.train.eval_interval_samples == spec.eval_every_sequences
     assert ref.train.target_eval_loss == spec.target
     assert ref.lora.rank > 0 if spec.lora else ref.lora.rank == 0
+    # The simulator's data: RCPs from the installed package when it has them, and from the carried copy of the
+    # version the simulator uses, both with records; the carried calibration rows.
+    assert mlperf.rcp_records(spec.name)
+    version = mlperf.rcp_version(spec.name)
+    raw, where = mlperf._load_rcp_raw(spec.name, version, use_package=False)
+    assert raw and where.endswith(f"rcps_{version}.csv")
+    from scaletrain.sim.results import bundled_results
+
+    assert {r.benchmark for r in bundled_results(spec.name)} == {spec.name}
     assert spec.has_proxy, f"{spec.name}: every benchmark has a CPU proxy"
     proxy = resolve(spec.proxy_preset)
     assert proxy.bench.benchmark == spec.proxy_name and benchmarks.preset_for(spec.proxy_name) == spec.proxy_preset
@@ -31,15 +40,6 @@ def test_every_benchmark_resolves_its_presets_rules_and_data(spec):
     from scaletrain.bench.checker import proxy_rules_path
 
     assert proxy_rules_path(spec.proxy_name).is_file()
-    if not spec.calibration_file:  # llama31_*: the simulator's data for it come with its calibration rows
-        return
-    # RCPs: from the installed package when it has them, and from the bundled copy, both with records.
-    assert mlperf.rcp_records(spec.name)
-    raw, where = mlperf._load_rcp_raw(spec.name, mlperf.DEFAULT_RCP_VERSION, use_package=False)
-    assert raw and where.endswith(f"rcps_{mlperf.DEFAULT_RCP_VERSION}.csv")
-    from scaletrain.sim.results import bundled_results
-
-    assert {r.benchmark for r in bundled_results(spec.name)} == {spec.name}
 
 
 def test_entries_agree_with_the_mlperf_logging_package():
@@ -121,7 +121,12 @@ def test_one_entry_is_enough_for_the_simulator(fake):
     from scaletrain.sim.workload import ClusterLayout, load_workload
 
     assert mlperf.bench("fake") is fake and benchmark_of("gpt3-125m") == "fake"
-    assert bundled_results("fake") == [] and {r.benchmark for r in bundled_results()} == {"gpt3", "llama2_70b_lora"}
+    assert bundled_results("fake") == [] and {r.benchmark for r in bundled_results()} == {
+        "gpt3",
+        "llama2_70b_lora",
+        "llama31_405b",
+        "llama31_8b",
+    }
     assert mlperf.eval_interval_steps("fake", 64) == 16 and mlperf.skipped_evals("fake", 64) == 17
     c = mlperf.convergence("fake", 64, converge=64 * 2048 * 100)  # tokens, like gpt3
     assert (c.steps, c.evals, c.eval_tokens) == (18 * 16, 1, 123_456)  # cannot stop before the first kept eval

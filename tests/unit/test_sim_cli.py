@@ -9,7 +9,7 @@ import pytest
 
 from scaletrain.cli import main
 from scaletrain.sim import calibrate as cal
-from scaletrain.sim.efficiency import load_efficiencies
+from scaletrain.sim.efficiency import OWN_FIT, load_efficiencies
 from scaletrain.sim.results import bundled_results
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -83,14 +83,21 @@ def test_validate_scores_the_rest_and_names_bad_rows(tmp_path, capsys):
 
 def test_calibration_rows_meet_the_accuracy_target(capsys):
     code, out = run_json(capsys, ["sim", "validate", "--json"])
-    assert code == 0 and len(out["rows"]) == len(bundled_results()) == 105
-    # In sample (gpt3 1.30% / 3.02%, LoRA 3.49% / 22.61% with per-SKU, per-benchmark and FP4 efficiencies): the
-    # bounds are today's figures with a little room, so a regression fails.
-    for bench, mape, worst in (("gpt3", 1.5, 3.5), ("llama2_70b_lora", 3.75, 23.0)):
+    assert code == 0 and len(out["rows"]) == len(bundled_results()) == 133
+    # In sample (gpt3 1.30% / 3.02%, LoRA 3.49% / 22.61% with per-SKU, per-benchmark and FP4 efficiencies; llama31
+    # 405B 11.94% / 17.17% on its 4 rows, 8B 10.23% / 30.82% on 24): the bounds are today's figures with a little
+    # room, so a regression fails.
+    for bench, mape, worst in (
+        ("gpt3", 1.5, 3.5),
+        ("llama2_70b_lora", 3.75, 23.0),
+        ("llama31_405b", 12.5, 18.0),
+        ("llama31_8b", 10.75, 31.5),
+    ):
         s = out["summary"][bench]["ttt"]
         assert s["mape_pct"] <= mape and s["max_err_pct"] <= worst, (bench, s)
     skipped = [s["where"] for s in out["skipped"]]
-    assert len(skipped) == 11 and all("mlperf_v5_llama2_70b_lora_calibration.csv" in w for w in skipped)
+    assert len(skipped) == 12 and all("mlperf_v5_llama2_70b_lora_calibration.csv" in w for w in skipped[:11])
+    assert "mlperf_v5_llama31_8b_calibration.csv line 7" in skipped[11]
 
 
 def test_refit_reproduces_the_shipped_efficiencies():
@@ -104,7 +111,9 @@ def test_refit_reproduces_the_shipped_efficiencies():
         for name, value in eff.to_dict().items():
             assert value == pytest.approx(shipped[key][name], rel=0.02, abs=0.01), (key, name)
     assert effs.sku_gemm == pytest.approx(doc["sku_gemm"], rel=0.02)
-    assert set(effs.bench) == set(doc["benchmarks"]) == {"gpt3", "llama2_70b_lora"}
+    assert set(effs.bench) == set(doc["benchmarks"]) == {"gpt3", "llama2_70b_lora", "llama31_405b", "llama31_8b"}
+    # 4 rows pin one scalar of their own (gemm_mult); 24 rows both of OWN_FIT (gemm_mult, eval_eff).
+    assert set(effs.bench["llama31_405b"]) == {"gemm_mult"} and set(effs.bench["llama31_8b"]) == set(OWN_FIT)
     for bench, values in effs.bench.items():
         assert values == pytest.approx(doc["benchmarks"][bench], rel=0.02, abs=0.01), bench
 

@@ -34,10 +34,10 @@ def rcp_source(request, monkeypatch):
             pytest.skip("mlperf-logging not installed")
     else:
         monkeypatch.setattr(mlperf, "_package_rcp_file", lambda *a: None)
-    for fn in (mlperf._rcp_records, mlperf._rcp_means):
+    for fn in (mlperf._rcp_records, mlperf._rcp_means, mlperf.rcp_version):
         fn.cache_clear()
     yield request.param
-    for fn in (mlperf._rcp_records, mlperf._rcp_means):
+    for fn in (mlperf._rcp_records, mlperf._rcp_means, mlperf.rcp_version):
         fn.cache_clear()
 
 
@@ -130,7 +130,9 @@ def test_lora_convergence_skip_rule():
 
 
 def test_calibration_runs_stop_on_evaluations():
-    for r in bundled_results():
+    # llama31 submissions do not all stop on the rules' cadence (a GBS-16 8B run at 13.5 intervals of 12,288): the
+    # simulator takes their counts as whole steps (rows._published_run).
+    for r in bundled_results("gpt3") + bundled_results("llama2_70b_lora"):
         for n in r.run_converge:
             if n == 0:  # a run that did not converge
                 continue
@@ -165,6 +167,12 @@ def test_calibration_scores(rcp_source):
         s = score(r.benchmark, r.run_minutes)
         assert s == pytest.approx(r.olympic_minutes)
         converged = [c for c in r.run_converge if c > 0]
+        if r.benchmark.startswith("llama31"):
+            # Normalised by the round's own table (5.0.0's 405B one differs from 6.0.0's) and not always as
+            # rcp_score_factor computes it (a v5.1 8B factor of 1.0038 where the runs converge slower than the RCP
+            # mean): only the file's own arithmetic is checked.
+            assert s * r.scaling_factor == pytest.approx(r.score_minutes, abs=6e-4), r.line
+            continue
         factor = rcp_score_factor(r.benchmark, r.gbs, converged) if r.benchmark != "gpt3" else 1.0
         # The v5 file gives the factor to 6 decimals.
         assert factor == pytest.approx(r.scaling_factor, rel=1e-12 if not r.file else 1e-6), r.line

@@ -18,7 +18,7 @@ from scaletrain.sim.efficiency import efficiency_for
 from scaletrain.sim.predict import Prediction, predict
 from scaletrain.sim.results import bundled_results, bundled_skipped, load_results
 from scaletrain.sim.run_lines import plan_run_lines, print_run_lines
-from scaletrain.sim.validate import cross_validate, cv_json, default_jobs, print_cv, score_dict
+from scaletrain.sim.validate import cross_validate, cv_json, default_jobs, own_fit_note, print_cv, score_dict
 from scaletrain.sim.workload import ClusterLayout, load_config, load_workload
 
 log = get_logger(__name__)
@@ -245,6 +245,10 @@ def cmd_validate(args) -> int:
                 else ""
             )
         )
+    for b, bench_scores in by_bench.items():
+        note = own_fit_note(b, len(bench_scores))
+        if note:
+            print(note)
     for where, why in errors:
         print(f"skipped {where}: {why}")
     if cv:
@@ -319,7 +323,7 @@ def _calibrate_layer_timings(args, cat) -> dict:
 
 
 def cmd_plot(args) -> int:
-    """PNG of predicted time-to-train vs GPU count for H100, H200, B200 and GB200, with published points."""
+    """PNG of predicted time-to-train vs GPU count for H100, H200, B200, GB200 and GB300, with published points."""
     from scaletrain.sim.plot import plot_scaling
 
     out = plot_scaling(args.model, args.out, gpus=args.gpu_list, calibration=args.calibration, results=args.results)
@@ -470,7 +474,7 @@ def add_parsers(sub) -> None:
         help=benchmarks.choices_text(b.reference_preset for b in benchmarks.BENCHMARKS.values()),
     )
     pl.add_argument("--out", default="sim_scaling.png", help="PNG path (default sim_scaling.png)")
-    pl.add_argument("--gpu", dest="gpu_list", action="append", help="GPUs to draw (default h100 h200 b200 gb200)")
+    pl.add_argument("--gpu", dest="gpu_list", action="append", help="GPUs to draw (default h100 h200 b200 gb200 gb300)")
     pl.add_argument("--calibration", help="efficiency set (default newest)")
     pl.add_argument("--results", action="append", default=[], metavar="CSV", help="extra published points")
     pl.set_defaults(func=cmd_plot)

@@ -122,12 +122,24 @@ def generation(gpu: str) -> str:
     return GENERATION.get(gpu, "hopper")
 
 
+OWN_FIT = ("gemm_mult", "eval_eff")
+"""Scalars a benchmark outside `calibrate.SHARED_FIT` (llama31_405b, llama31_8b) fits on its own rows, on top of
+the sets the others fitted, most telling first (`calibrate.fit_own` fits as many as its rows can pin): `gemm_mult`,
+a multiplier on the set's gemm_eff (its kernels and fusions at its shapes), and its evaluation efficiency. Only
+scalars that do not grow with the scale: the scale terms (DP overlap, synchronisation, stragglers, warm-up) stay
+with the SHARED_FIT rows, which span 4 to 10,752 GPUs. Fitted on 8-16-GPU llama31_8b rows, its own DP overlap and
+synchronisation predicted its 32-64-GPU rows 59% too slow on average (95% at worst), these two 18% (31%); TP
+exposure stays the pretraining benchmark's (gpt3's, the same Megatron overlap), which no 8B row (all TP1) sees."""
+
+
 def specialise(eff: Efficiency, gpu: str, benchmark: str | None, sku_gemm: dict, bench: dict) -> Efficiency:
     """A set's Efficiency for one GPU SKU and benchmark: gemm_eff x the SKU's multiplier (power-limited sustained
-    clocks and memory bandwidth differ between SKUs of one generation with the same datasheet peak), and the
-    benchmark's own values of the PER_BENCHMARK scalars."""
-    changes = {k: float(v) for k, v in bench.get(benchmark or "", {}).items() if k in PER_BENCHMARK}
-    mult = float(sku_gemm.get(gpu, 1.0))
+    clocks and memory bandwidth differ between SKUs of one generation with the same datasheet peak) x the
+    benchmark's own `gemm_mult` where it has one, and the benchmark's own values of the PER_BENCHMARK and OWN_FIT
+    scalars it was fitted with."""
+    own = bench.get(benchmark or "", {})
+    changes = {k: float(v) for k, v in own.items() if k in PER_BENCHMARK + OWN_FIT and k != "gemm_mult"}
+    mult = float(sku_gemm.get(gpu, 1.0)) * float(own.get("gemm_mult", 1.0))
     if mult != 1.0:
         changes["gemm_eff"] = eff.gemm_eff * mult
     return replace(eff, **changes) if changes else eff
@@ -185,3 +197,19 @@ def _release_key(name: str) -> tuple:
         return tuple(int(x) for x in name.lstrip("v").split("."))
     except ValueError:
         return (0,)
+
+
+def nearest_set(effs: dict, name: str) -> tuple[str, Efficiency]:
+    """(set name, Efficiency) for set `name` ("v4.1/hopper") from fitted sets that may lack it: the same release's
+    other generation (its own, then Hopper, Blackwell, Ampere), else the newest release's, its own generation
+    first; the priors when there is no set at all."""
+    if name in effs:
+        return name, effs[name]
+    release, gen = name.split("/", 1)
+    for candidate in (gen, "hopper", "blackwell", "ampere"):
+        if f"{release}/{candidate}" in effs:
+            return f"{release}/{candidate}", effs[f"{release}/{candidate}"]
+    newest = sorted(effs, key=lambda k: (k.split("/")[1] == gen, _release_key(k.split("/")[0])))
+    if not newest:
+        return "prior", Efficiency()
+    return newest[-1], effs[newest[-1]]

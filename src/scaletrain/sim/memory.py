@@ -15,10 +15,9 @@ Formulas are docs/perf-model.md "Memory" (mixed-precision Adam bytes/parameter) 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
 
-from scaletrain.sim.workload import ClusterLayout, Workload
+from scaletrain.sim.workload import ClusterLayout, Workload, rank_layers
 
 GIB = 2**30
 """Bytes in a GiB (what allocators and nvidia-smi report)."""
@@ -109,7 +108,15 @@ class MemoryEstimate:
 def rank_params(w: Workload, layout: ClusterLayout, first: bool, last: bool) -> int:
     """Base parameters one TP rank of the first and/or last pipeline stage holds before ZeRO sharding (from the
     inventory: biases, norms and embeddings included); what the dry run reads off the real sharded model."""
-    return w.inventory.rank_params(layout.tp, math.ceil(w.layers / layout.pp), first, last)
+    return w.inventory.rank_params(layout.tp, _blocks(w, layout, first, last), first, last)
+
+
+def _blocks(w: Workload, layout: ClusterLayout, first: bool, last: bool) -> int:
+    """Transformer blocks of the first or last pipeline rank (the most any rank holds when neither)."""
+    per_rank = rank_layers(w.layers, layout.pp, layout.vp)
+    if first or last:
+        return max(per_rank[0] if first else 0, per_rank[-1] if last else 0)
+    return max(per_rank)
 
 
 def local_params(w: Workload, layout: ClusterLayout, first: bool, last: bool) -> float:
@@ -121,13 +128,15 @@ def local_params(w: Workload, layout: ClusterLayout, first: bool, last: bool) ->
 
 
 def _adapter_params(w: Workload, layout: ClusterLayout) -> float:
-    return w.trainable_params * math.ceil(w.layers / layout.pp) / w.layers / layout.tp if w.lora else 0.0
+    return (
+        w.trainable_params * max(rank_layers(w.layers, layout.pp, layout.vp)) / w.layers / layout.tp if w.lora else 0.0
+    )
 
 
 def _rank_memory(w: Workload, layout: ClusterLayout, first: bool, last: bool, in_flight: float, dropout: bool):
-    t, p, zero = layout.tp, layout.pp, layout.zero
+    t, zero = layout.tp, layout.zero
     d = layout.zero_shards
-    layers = math.ceil(w.layers / p)
+    layers = _blocks(w, layout, first, last)
     wb, gb, ob = bytes_per_param(zero, d, layout.bf16_grads)
     if w.lora:
         # Frozen base: weights only (FP8 parameters for the layers under FP8, bf16 embedding), sharded over d by ZeRO-3.

@@ -10,11 +10,13 @@ then turns into time-to-train. Rules per `docs/benchmarks.md`:
   SKIP_EVALS=3 at GBS 8): evaluation k happens after k intervals, the first timed one is k = skip+1, so a
   run cannot stop before (skip+1) intervals and runs (intervals - skip) evaluations. Eval set 173 samples
   packed to 8192 tokens; converge unit = training samples.
+- llama31_405b / llama31_8b: evaluate every 18,432 / 12,288 sequences over 5,760 / 1,024 sequences of 8192
+  tokens, none skipped; converge unit = training samples; RCPs of their own rulesets (`rcp_version`).
 
 Each benchmark's constants are its `scaletrain.benchmarks` entry. RCP (reference convergence point) tables
 are read from the installed `mlperf-logging` package's JSON files without importing its checker (which pulls
-numpy); `data/rcps_4.1.0.csv` is a verbatim copy of the relevant fields (as CSV, with its source) for when the
-package is absent. Stdlib only.
+numpy); `data/rcps_<version>.csv` are verbatim copies of the relevant fields (as CSV, with their source) for when
+the package is absent or lacks the version. Which table a benchmark uses is `rcp_version`. Stdlib only.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from scaletrain import benchmarks
 from scaletrain.benchmarks import BENCHMARKS, DEFAULT_RULESET, BenchmarkSpec
 
 DEFAULT_RCP_VERSION = DEFAULT_RULESET
+"""The RCP table gpt3 and llama2_70b_lora are predicted (and their efficiencies were fitted) with."""
 # A converge value this many times the record's median is a data-entry error, not a slow run: gpt3 4.1.0
 # BS 3072 lists 13,790,871,552 tokens (10x its siblings). The checker keeps it (its olympic mean drops it as
 # the max but then drops one real value too); we drop it first, so BS 3072 means 1,207,959,552.
@@ -65,6 +69,40 @@ def skipped_evals(benchmark: str, gbs: int) -> int:
 
 
 # ---------------------------------------------------------------- RCP tables
+def _carried_versions(benchmark: str) -> list[str]:
+    """Versions of the RCP tables carried in sim/data/ that hold `benchmark`, oldest first."""
+    folder = resources.files("scaletrain.sim").joinpath("data")
+    found = []
+    for entry in folder.iterdir():
+        name = entry.name
+        if name.startswith("rcps_") and name.endswith(".csv"):
+            rows = csv.DictReader(io.StringIO(entry.read_text("utf-8")))
+            if any(row["benchmark"] == benchmark for row in rows):
+                found.append(name.removeprefix("rcps_").removesuffix(".csv"))
+    return sorted(found, key=lambda v: tuple(int(x) for x in v.split(".")))
+
+
+@functools.cache
+def rcp_version(benchmark: str) -> str:
+    """The RCP table version the simulator predicts `benchmark`'s convergence with.
+
+    DEFAULT_RCP_VERSION (4.1.0) where that table has the benchmark: gpt3 was retired after it, and the shipped
+    gpt3/llama2_70b_lora efficiencies were fitted with it. Otherwise the benchmark's own ruleset
+    (`benchmarks.resolve_ruleset`: the newest the installed mlperf-logging ships for it, 6.0.0 for llama31_405b,
+    6.1.0 for llama31_8b), else, without the package, the newest carried copy that has it.
+    """
+    name = bench(benchmark).name
+    if _package_rcp_file(name, DEFAULT_RCP_VERSION) or DEFAULT_RCP_VERSION in _carried_versions(name):
+        return DEFAULT_RCP_VERSION
+    try:
+        return benchmarks.resolve_ruleset(name)
+    except ValueError:
+        carried = _carried_versions(name)
+        if not carried:
+            raise ValueError(f"no RCP table for {name}: mlperf-logging lacks it and scaletrain carries none") from None
+        return carried[-1]
+
+
 def _package_rcp_file(benchmark: str, version: str) -> Path | None:
     # find_spec on a top-level name locates it without executing mlperf_logging/__init__ or the checker.
     spec = importlib.util.find_spec("mlperf_logging")
@@ -82,10 +120,10 @@ def _load_rcp_raw(benchmark: str, version: str, use_package: bool = True) -> tup
         return json.loads(path.read_text(encoding="utf-8")), str(path)
     # The copy is CSV (benchmark,record,bs,converge,source) so the package-data glob sim/data/*.csv ships it.
     fallback = resources.files("scaletrain.sim").joinpath("data", f"rcps_{version}.csv")
-    if not fallback.is_file():
+    if not fallback.is_file() or version not in _carried_versions(benchmark):
         raise ValueError(
-            f"no RCP table for {benchmark} version {version}: mlperf-logging lacks it and "
-            f"scaletrain ships only {DEFAULT_RCP_VERSION}"
+            f"no RCP table for {benchmark} version {version}: mlperf-logging lacks it and scaletrain carries "
+            f"only {', '.join(_carried_versions(benchmark)) or 'none'}"
         )
     key = bench(benchmark).rcp_key
     raw = {
@@ -100,9 +138,10 @@ def _load_rcp_raw(benchmark: str, version: str, use_package: bool = True) -> tup
     return raw, f"scaletrain/sim/data/{fallback.name}"
 
 
-def rcp_records(benchmark: str, version: str = DEFAULT_RCP_VERSION) -> dict[int, tuple[int, ...]]:
-    """BS -> sorted converge values (tokens or samples) of the RCP table, typos (> 5x median) dropped."""
-    return dict(_rcp_records(bench(benchmark).name, version))
+def rcp_records(benchmark: str, version: str | None = None) -> dict[int, tuple[int, ...]]:
+    """BS -> sorted converge values (tokens or samples) of the RCP table (`rcp_version` when None), typos (> 5x
+    median) dropped."""
+    return dict(_rcp_records(bench(benchmark).name, version or rcp_version(benchmark)))
 
 
 @functools.cache
@@ -152,8 +191,9 @@ def _rcp_means(benchmark: str, version: str, pruned: bool) -> tuple[tuple[int, f
     return tuple(pts)
 
 
-def rcp_mean(benchmark: str, gbs: int, version: str = DEFAULT_RCP_VERSION, pruned: bool = False) -> float:
-    """Reference tokens (gpt3) or samples (lora) to converge at a global batch size.
+def rcp_mean(benchmark: str, gbs: int, version: str | None = None, pruned: bool = False) -> float:
+    """Reference tokens (gpt3) or samples (lora, llama31) to converge at a global batch size (RCP table `version`,
+    default `rcp_version`).
 
     Olympic mean of each RCP record, as mlperf_logging's rcp_checker computes it; between records it
     interpolates linearly, below the smallest BS it uses the smallest record (the checker's
@@ -162,6 +202,7 @@ def rcp_mean(benchmark: str, gbs: int, version: str = DEFAULT_RCP_VERSION, prune
     because a record measured at a BS is the best estimate of how a run at that BS converges.
     """
     _check_gbs(gbs)
+    version = version or rcp_version(benchmark)
     pts = _rcp_means(bench(benchmark).name, version, pruned)
     if gbs <= pts[0][0]:
         return pts[0][1]
@@ -176,7 +217,7 @@ def rcp_mean(benchmark: str, gbs: int, version: str = DEFAULT_RCP_VERSION, prune
     )
 
 
-def rcp_score_factor(benchmark: str, gbs: int, run_converge, version: str = DEFAULT_RCP_VERSION) -> float:
+def rcp_score_factor(benchmark: str, gbs: int, run_converge, version: str | None = None) -> float:
     """Score normalisation the checker applies: RCP mean / olympic mean of the runs' converge, if > 1.
 
     A submission converging faster than the reference has its score scaled up (the published
@@ -202,9 +243,7 @@ class Convergence:
     """Tokens per evaluation pass."""
 
 
-def convergence(
-    benchmark: str, gbs: int, converge: float | None = None, version: str = DEFAULT_RCP_VERSION
-) -> Convergence:
+def convergence(benchmark: str, gbs: int, converge: float | None = None, version: str | None = None) -> Convergence:
     """Steps and evaluations for a run that needs `converge` tokens (gpt3) or samples (lora).
 
     `converge=None` uses the RCP mean at `gbs`. Steps are rounded up to whole evaluation intervals: a

@@ -22,7 +22,7 @@ from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import efficiency_for
 from scaletrain.sim.predict import ExpectedRun, Prediction, benchmark_of, eval_time, expected_convergence, predict
 from scaletrain.sim.step import stage_costs, step_time
-from scaletrain.sim.workload import ClusterLayout, Workload
+from scaletrain.sim.workload import ClusterLayout, Workload, chunk_layers
 
 MBS = (1, 2, 4)
 # CP is searched at every sequence length: at 2048 tokens it is slower than DP, but when the GBS cap bounds DP
@@ -60,17 +60,23 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _depths(layers: int) -> list[int]:
+    """Pipeline depths with some split of the blocks (`workload.chunk_layers`): divisors of the blocks, and of the
+    blocks + 2 (the embedding and the loss counted as blocks: 126 -> pp 8)."""
+    return sorted(set(_divisors(layers)) | {d for d in _divisors(layers + 2) if chunk_layers(layers, d, 1)})
+
+
 def _shapes(w: Workload, gpus: int, domain: int):
     """(tp, pp, vp, cp) with tp*pp*cp dividing `gpus`; TP stays inside one NVLink domain (and at most 16)."""
     for tp in _divisors(w.heads):
         if tp > min(domain, 16) or gpus % tp:
             continue
         for cp in CP:
-            for pp in _divisors(w.layers):
+            for pp in _depths(w.layers):
                 if gpus % (tp * cp * pp):
                     continue
                 # vp only means something with a pipeline (pp = 1 runs plain 1F1B whatever vp says).
-                vps = [1] if pp == 1 else [v for v in _divisors(w.layers // pp) if v <= MAX_VP]
+                vps = [1] if pp == 1 else [v for v in range(1, MAX_VP + 1) if chunk_layers(w.layers, pp, v)]
                 for vp in vps:
                     yield tp, pp, vp, cp
 
@@ -180,7 +186,7 @@ def plan(
         raise ValueError(f"gpus ({gpus}) and top ({top}) must be >= 1")
     cat = catalog or load_catalog()
     g, n, f = cat.system(gpu, node, fabric)
-    release, eff = efficiency_for(calibration, g.key)
+    release, eff = efficiency_for(calibration, g.key, benchmark_of(w.name))
     bench = benchmark_of(w.name)
     if objective == "auto":
         objective = "ttt" if bench else "throughput"

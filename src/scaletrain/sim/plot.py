@@ -6,7 +6,7 @@ from scaletrain import benchmarks
 from scaletrain.sim.results import bundled_results, load_results
 from scaletrain.sim.workload import load_workload
 
-DEFAULT_GPUS = ("h100", "h200", "b200", "gb200")
+DEFAULT_GPUS = ("h100", "h200", "b200", "gb200", "gb300")
 DEFAULT_COUNTS = (8, 64, 512)
 """GPU counts for a preset that is no MLPerf benchmark (a benchmark's come from its registry entry)."""
 COLORS = {

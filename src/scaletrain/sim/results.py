@@ -6,7 +6,7 @@ Two layouts share one loader; the header decides which:
 - llama2_70b_lora style: a `parallelism` column such as ``"TP4 PP1 CP2, FP8"``; vp and mbs default to 1
   (or come from optional `vp`/`mbs` columns), and there is no node column.
 
-- v5 style (`mlperf_v5_*`, the MLPerf v5.0/v5.1 set): explicit `tp, pp, vp, cp, mbs, fp8, fp4` columns from the
+- v5 style (`mlperf_v5_*`, the MLPerf v5.0/v5.1 sets): explicit `tp, pp, vp, cp, mbs, fp8, fp4` columns from the
   submitters' launch configs where an empty field means unknown; `score_minutes` is the olympic mean of the runs
   (what the machine did) and `official_score_minutes` the published score (x the RCP `scaling_factor`); a run that
   did not converge is marked with its status ("(no_stop)") and counts as the slowest, dropped, run.
@@ -169,7 +169,9 @@ def _split(text: str) -> list[str]:
 
 
 def _v5_layout(row: dict) -> tuple[int, int, int, int, int, bool, bool, tuple[str, ...]]:
-    """(tp, pp, vp, cp, mbs, fp8, fp4, assumed) from v5 columns, where empty means unknown."""
+    """(tp, pp, vp, cp, mbs, fp8, fp4, assumed) from v5 columns, where empty (or "null": the llama31_8b file writes
+    the vp of unpipelined configs so) means unknown."""
+    row = {k: "" if k in ("tp", "pp", "vp", "cp", "mbs", "fp8", "fp4") and v == "null" else v for k, v in row.items()}
     unknown = [c for c in ("tp", "cp") if not row.get(c)]
     if unknown:
         raise _UnknownLayout(f"layout unknown ({', '.join(unknown)} empty: no submitter config matched)")

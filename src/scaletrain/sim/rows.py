@@ -106,17 +106,28 @@ def set_name(row: PublishedResult) -> str:
     return f"{row.round}/{GENERATION.get(row.gpu, 'hopper')}"
 
 
-def _published_run(bench: str, gbs: int, converge: int) -> mlperf.Convergence:
+ROUND_EVAL_EVERY = {("llama31_405b", "v5.0"): 46_080}
+"""Sequences between evaluations where a round's rules differ from the benchmark's current cadence: the v5.0
+llama31_405b rules evaluated every 46,080 samples (its runs stopped at 276,480 = 6 x 46,080 at GBS 1152 and at
+276,864 = 6 x 103 steps of 448 at GBS 448), 18,432 from v5.1 on."""
+
+
+def _published_run(bench: str, gbs: int, converge: int, round_: str = "") -> mlperf.Convergence:
     """Steps and evaluations of a published run that stopped after `converge` tokens/samples.
 
     The count is where the run stopped, so a count of whole steps is taken as it is, even where the submission's
     evaluation cadence differs from the rules' ceil(384 / GBS) steps (v5.0 evaluated GBS 9 every 42 steps, not 43).
+    Its evaluations follow its round's cadence (`ROUND_EVAL_EVERY`).
     """
     conv = mlperf.convergence(bench, gbs, converge)
     b = mlperf.bench(bench)
     per_step = gbs * (b.seq_len if b.converge_unit == "tokens" else 1)
     if converge % per_step == 0 and converge // per_step < conv.steps:
         conv = replace(conv, steps=converge // per_step, train_sequences=converge // per_step * gbs)
+    every = ROUND_EVAL_EVERY.get((bench, round_))
+    if every:
+        interval = -(-every // gbs)
+        conv = replace(conv, eval_interval_steps=interval, evals=-(-conv.steps // interval) - b.skipped_evals(gbs))
     return conv
 
 
@@ -141,7 +152,7 @@ class _Row:
         self.cluster = Cluster(g, n, f, row.gpus)
         self.set = set_name(row)
         # A run that did not converge (no count, inf minutes) is the olympic mean's dropped slowest on both sides.
-        self.runs = [_published_run(self.bench, row.gbs, c) for c in row.run_converge if c > 0]
+        self.runs = [_published_run(self.bench, row.gbs, c, row.round) for c in row.run_converge if c > 0]
         self.failed = sum(1 for c in row.run_converge if c <= 0)
         self.rcp = expected_convergence(self.bench, row.gbs)
         self.ratio = 1.0

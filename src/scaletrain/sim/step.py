@@ -18,7 +18,7 @@ from scaletrain.sim import compute, schedule
 from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import Efficiency
 from scaletrain.sim.fixed_costs import domains, step_sync_s
-from scaletrain.sim.workload import ClusterLayout, Workload
+from scaletrain.sim.workload import ClusterLayout, Workload, chunk_layers, rank_layers
 
 BF16 = 2
 # Optimizer step bytes per locally-owned parameter: read fp32 master, two moments and the gradient, write the
@@ -71,7 +71,9 @@ def _cp_comm(w: Workload, layout: ClusterLayout, cl: Cluster) -> float:
 def stage_costs(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency):
     """Per (rank, chunk) forward/backward seconds of one micro-batch, plus the pieces for the breakdown."""
     p, v = layout.pp, layout.vp
-    per_chunk = w.layers // (p * v)
+    # Uneven splits (126 blocks in 64 chunks): each chunk is priced with its own blocks, so the event simulation's
+    # slowest stage sets the step.
+    blocks = chunk_layers(w.layers, p, v) or [[w.layers // (p * v)] * v for _ in range(p)]
     lt = compute.layer_times(w, layout, cl.gpu, eff.gemm_eff, eff.fp4_eff)
     tp = _tp_comm(w, layout, cl) * eff.tp_exposed
     cp_f = max(0.0, _cp_comm(w, layout, cl) - lt.attn_fwd)
@@ -79,16 +81,17 @@ def stage_costs(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency
     recompute_tp = tp if layout.recompute == "full" else 0.0
     f_layer = lt.fwd + tp + cp_f
     b_layer = lt.bwd + tp + recompute_tp + cp_b
-    fwd = [[per_chunk * f_layer for _ in range(v)] for _ in range(p)]
-    bwd = [[per_chunk * b_layer for _ in range(v)] for _ in range(p)]
+    fwd = [[blocks[r][c] * f_layer for c in range(v)] for r in range(p)]
+    bwd = [[blocks[r][c] * b_layer for c in range(v)] for r in range(p)]
     emb_f, emb_b = compute.embedding_times(w, layout, cl.gpu)
     log_f, log_b = compute.logits_times(w, layout, cl.gpu, eff.gemm_eff)
     fwd[0][0] += emb_f
     bwd[0][0] += emb_b
     fwd[p - 1][v - 1] += log_f
     bwd[p - 1][v - 1] += log_b
-    # Per micro-batch on one rank (all its v chunks).
-    exposed = {"tp": v * per_chunk * (2 * tp + recompute_tp), "cp": v * per_chunk * (cp_f + cp_b)}
+    # Per micro-batch on the rank with the most blocks (all its v chunks).
+    most = max(sum(row) for row in blocks)
+    exposed = {"tp": most * (2 * tp + recompute_tp), "cp": most * (cp_f + cp_b)}
     return fwd, bwd, exposed
 
 
@@ -107,7 +110,8 @@ def _dp_buckets(
     """
     n = layout.dp * layout.cp
     t, p, v = layout.tp, layout.pp, layout.vp
-    layers = w.layers // (p * v)
+    table = chunk_layers(w.layers, p, v)
+    layers = table[rank][chunk] if table else w.layers // (p * v)
     params = _trainable_per_layer(w, t) * layers
     # ZeRO-3 shards and gathers every weight, frozen ones included (a LoRA base gathers its FP8/bf16 weights).
     gathered = (w.layer_params / t * layers) if layout.zero == 3 else params
@@ -222,9 +226,12 @@ def step_time(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency, 
         in_flight = min(m, ((p - 1) * 2 + (v - 1) * p + 1) / v if v > 1 else p)
     dp_exposed, hidden = _dp_timing(w, layout, cl, eff, sorted({0, busiest, p - 1}), fwd, bwd, lbe, ffs, makespan)
     compute_s = sum(fwd[busiest]) * m + sum(bwd[busiest]) * m - exposed["tp"] * m - exposed["cp"] * m
-    # The busiest optimizer shard: the first stage's layers plus its embedding (and the head too when pp = 1).
+    # The busiest optimizer shard: the first stage's layers plus its embedding (and the head too when pp = 1), or a
+    # stage with more layers where the split is uneven.
     embed = 0 if w.lora else (w.embedding_params if p == 1 else w.vocab * w.hidden) / t
-    params_local = _trainable_per_layer(w, t) * w.layers / p + embed
+    per_rank = rank_layers(w.layers, p, v)
+    per_layer = _trainable_per_layer(w, t)
+    params_local = max(per_layer * per_rank[0] + embed, per_layer * max(per_rank))
     shards = layout.dp * layout.cp if layout.zero >= 1 else 1
     optimizer = params_local / shards * _OPT_BYTES / (cl.gpu.hbm_copy_tbps * 1e12)
     breakdown = {

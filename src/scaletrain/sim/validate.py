@@ -20,23 +20,22 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 
 from scaletrain.sim import calibrate as cal
-from scaletrain.sim.efficiency import Efficiency, _release_key
+from scaletrain.sim.efficiency import Efficiency, nearest_set
 
 MODES = ("loo", "scale")
 
 
-def nearest_set(effs: dict, name: str) -> tuple[str, Efficiency]:
-    """(set name, Efficiency) for set `name` ("v4.1/hopper") from fitted sets that may lack it."""
-    if name in effs:
-        return name, effs[name]
-    release, gen = name.split("/", 1)
-    for candidate in (gen, "hopper", "blackwell", "ampere"):
-        if f"{release}/{candidate}" in effs:
-            return f"{release}/{candidate}", effs[f"{release}/{candidate}"]
-    newest = sorted(effs, key=lambda k: (k.split("/")[1] == gen, _release_key(k.split("/")[0])))
-    if not newest:
-        return "prior", Efficiency()
-    return newest[-1], effs[newest[-1]]
+def own_fit_note(bench: str, rows: int) -> str:
+    """What a benchmark outside SHARED_FIT with `rows` calibration rows fits of its own ("" for the others), for
+    `sim validate` to print beside its errors."""
+    if bench in cal.SHARED_FIT or rows <= 0:
+        return ""
+    names = cal.OWN_FIT[: max(1, rows // cal.ROWS_PER_OWN_SCALAR)]
+    return (
+        f"note: {bench}'s {rows} rows fit only {', '.join(names)} of its own, on top of the "
+        f"{'/'.join(cal.SHARED_FIT)} fit"
+        + (f"; {rows} rows pin little: its errors say little about a new result" if rows < 10 else "")
+    )
 
 
 def default_thresholds(rows: list[cal._Row]) -> dict[str, int]:

@@ -210,8 +210,11 @@ class ClusterLayout:
             out.append(f"tp={self.tp} does not divide the {w.heads} heads / {w.kv_heads} kv heads")
         if w.ffn % self.tp:
             out.append(f"tp={self.tp} does not divide the MLP width {w.ffn}")
-        if w.layers % (self.pp * self.vp):
-            out.append(f"pp*vp={self.pp * self.vp} does not divide the {w.layers} layers")
+        if chunk_layers(w.layers, self.pp, self.vp) is None:
+            out.append(
+                f"pp*vp={self.pp * self.vp} divides neither the {w.layers} layers nor {w.layers}+2 "
+                "(the embedding and the loss counted as layers)"
+            )
         if w.seq_len % (2 * self.cp if self.cp > 1 else 1):
             out.append(f"cp={self.cp} needs the sequence {w.seq_len} to split into 2*cp chunks")
         if self.sp and self.tp > 1 and (w.seq_len // self.cp) % self.tp:
@@ -245,6 +248,38 @@ class ClusterLayout:
         return text
 
 
+def chunk_layers(layers: int, pp: int, vp: int) -> tuple[tuple[int, ...], ...] | None:
+    """Transformer blocks of each (pipeline rank, virtual chunk), [rank][chunk]; None when they do not split.
+
+    Evenly when pp*vp divides the blocks. Otherwise Megatron's `account_for_embedding_in_pipeline_split` and
+    `account_for_loss_in_pipeline_split`, which NVIDIA's llama31_405b configs set (126 blocks in pp8 x vp8 = 64
+    chunks): the embedding and the loss count as one block each, so layers + 2 split evenly and the first chunk
+    (rank 0, chunk 0, with the embedding) and the last (rank pp-1, chunk vp-1, with the output layer and loss) hold
+    one block fewer (each keeps at least one).
+    """
+    n = pp * vp
+    if min(layers, pp, vp) < 1:
+        return None
+    if layers % n == 0:
+        return tuple(tuple(layers // n for _ in range(vp)) for _ in range(pp))
+    per = (layers + 2) // n
+    if (layers + 2) % n or per < 2:
+        return None
+    table = [[per] * vp for _ in range(pp)]
+    table[0][0] -= 1
+    table[pp - 1][vp - 1] -= 1
+    return tuple(tuple(row) for row in table)
+
+
+def rank_layers(layers: int, pp: int, vp: int) -> list[int]:
+    """Transformer blocks each pipeline rank holds (all its chunks); ceil(layers / pp) each where they do not
+    split (`chunk_layers`)."""
+    table = chunk_layers(layers, pp, vp)
+    if table is None:
+        return [ceil_div(layers, max(pp, 1))] * max(pp, 1)
+    return [sum(row) for row in table]
+
+
 def ceil_div(a: int, b: int) -> int:
     """Integer ceiling division."""
     return -(-a // b)
@@ -258,4 +293,6 @@ __all__ = [
     "workload_from_config",
     "model_shape",
     "ceil_div",
+    "chunk_layers",
+    "rank_layers",
 ]
