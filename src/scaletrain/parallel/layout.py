@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from scaletrain.config import Config, ConfigError
 from scaletrain.model.spec import model_spec
+from scaletrain.sim.workload import chunk_layers
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -26,15 +27,10 @@ class LayoutError(ConfigError):
 
 
 def stage_sizes(n_layers: int, num_stages: int) -> list[int] | None:
-    """Blocks of each stage: n_layers / num_stages each, or (n_layers + 2) / num_stages with one fewer on the first
-    and the last stage (which also hold the embedding and the loss; each keeps at least one block); None when
-    neither divides."""
-    if n_layers % num_stages == 0:
-        return [n_layers // num_stages] * num_stages
-    per = (n_layers + 2) // num_stages
-    if (n_layers + 2) % num_stages or per < 2:
-        return None
-    return [per - 1] + [per] * (num_stages - 2) + [per - 1]
+    """Blocks of each pipeline stage, in stage order; None when the stages split neither the blocks nor the blocks + 2
+    (the simulator's rule, `sim.workload.chunk_layers`, so the trainer runs what `predict` and `plan` price)."""
+    table = chunk_layers(n_layers, num_stages, 1)
+    return None if table is None else [row[0] for row in table]
 
 
 @dataclass(frozen=True)
