@@ -16,15 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scaletrain import architectures, benchmarks
+from scaletrain import benchmarks
 from scaletrain import config_io as _io
 from scaletrain.config_io import ConfigError, list_presets, parse_override, preset_dict
+from scaletrain.config_model import MLAConfig, ModelConfig, MoEConfig, model_problems
 
 # Re-exported: callers import these from scaletrain.config (config_io holds the TOML machinery).
 __all__ = [
     "Config",
     "ConfigError",
     "ModelConfig",
+    "MoEConfig",
+    "MLAConfig",
     "LoraConfig",
     "DataConfig",
     "OptimConfig",
@@ -40,73 +43,6 @@ __all__ = [
     "parse_override",
     "default_data_dir",
 ]
-
-
-@dataclass
-class ModelConfig:
-    arch: str = "gpt3"
-    """Architecture family: "gpt3" (GPT-2/GPT-3 decoder: learned positions, pre-LN, tanh GELU, tied embeddings),
-    "llama" (Llama 2: RMSNorm, SwiGLU, rotary positions, grouped-query attention, untied head) or "llama31"
-    (Llama 3.1: Llama 2 with rotary base 500,000 and the "llama3" frequency scaling)."""
-    n_layers: int = 4
-    """Number of transformer blocks."""
-    d_model: int = 256
-    """Hidden size h."""
-    n_heads: int = 4
-    """Attention heads; must divide d_model."""
-    n_kv_heads: int = 0
-    """Key/value heads for grouped-query attention (llama); 0 means n_heads (plain multi-head attention)."""
-    d_ff: int = 0
-    """Feed-forward inner size; 0 means 4 * d_model (the GPT-3 ratio)."""
-    seq_len: int = 256
-    """Training sequence length s (also the number of learned positions)."""
-    vocab_size: int = 8192
-    """Tokenizer vocabulary size (unpadded). The embedding is padded to a multiple of `vocab_multiple`."""
-    vocab_multiple: int = 128
-    """Pad the embedding/logit rows to a multiple of this (GPT-3: 50257 -> 51200) for fast GEMMs."""
-    ln_eps: float = 1e-5
-    """LayerNorm epsilon."""
-    init_std: float = 0.006
-    """Std of the normal init of every weight matrix and embedding (MLPerf gpt3: 0.006)."""
-    rope_theta: float = 0.0
-    """Rotary base; 0 means the architecture's (llama 10,000, llama31 500,000). Rotary architectures only."""
-    rope_scaling: str = ""
-    """Rotary frequency scaling: "none", "llama3" (Llama 3.1's, shaped by the four rope_* fields below), or ""
-    for the architecture's (llama none, llama31 llama3). Rotary architectures only."""
-    rope_factor: float = 8.0
-    """llama3 scaling: wavelengths longer than rope_original_seq_len / rope_low_freq_factor are stretched by this."""
-    rope_low_freq_factor: float = 1.0
-    """llama3 scaling: low-frequency bound; wavelengths above original / this are divided by rope_factor."""
-    rope_high_freq_factor: float = 4.0
-    """llama3 scaling: high-frequency bound; wavelengths below original / this keep their frequency."""
-    rope_original_seq_len: int = 8192
-    """llama3 scaling: the context the base frequencies were trained at (HF original_max_position_embeddings)."""
-
-    @property
-    def kv_heads(self) -> int:
-        """Key/value heads after resolving the 0 default."""
-        return self.n_kv_heads or self.n_heads
-
-    @property
-    def ffn_size(self) -> int:
-        """Feed-forward inner size after resolving the 0 default."""
-        return self.d_ff or 4 * self.d_model
-
-    @property
-    def padded_vocab(self) -> int:
-        """Vocabulary rows actually allocated: vocab_size rounded up to vocab_multiple."""
-        m = self.vocab_multiple
-        return int(math.ceil(self.vocab_size / m) * m)
-
-    @property
-    def rope_base(self) -> float:
-        """Rotary base after resolving the 0 default (the architecture's)."""
-        return self.rope_theta or architectures.get(self.arch).rope_theta
-
-    @property
-    def rope_kind(self) -> str:
-        """Rotary frequency scaling after resolving the "" default (the architecture's)."""
-        return self.rope_scaling or architectures.get(self.arch).rope_scaling
 
 
 @dataclass
@@ -356,28 +292,13 @@ def _fp8_problems(c: Config):
 def _problems(c: Config):
     yield from _io.nonfinite(c)  # no float field documents inf as meaningful
     m, t, o, b = c.model, c.train, c.optim, c.bench
-    if m.arch not in architectures.names():
-        yield f"model.arch={m.arch!r}: must be one of {list(architectures.names())}"
-    if m.n_kv_heads < 0 or (m.n_kv_heads and m.n_heads % m.n_kv_heads):
-        yield f"model.n_kv_heads={m.n_kv_heads}: must be 0 or divide model.n_heads={m.n_heads}"
     lo = c.lora
     if lo.rank < 0 or lo.alpha <= 0 or not (0 <= lo.dropout < 1):
         yield "lora.rank must be >= 0, lora.alpha > 0 and lora.dropout in [0, 1)"
     for target in lo.targets:
         if target not in LORA_TARGETS:
             yield f"lora.targets: {target!r} is not one of {list(LORA_TARGETS)}"
-    for name in ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size", "vocab_multiple"):
-        if getattr(m, name) <= 0:
-            yield f"model.{name}={getattr(m, name)}: must be > 0"
-    if m.n_heads > 0 and m.d_model % m.n_heads:
-        yield f"model.n_heads={m.n_heads}: must divide model.d_model={m.d_model}"
-    if m.d_ff < 0:
-        yield f"model.d_ff={m.d_ff}: must be >= 0 (0 means 4*d_model)"
-    if not (0 < m.ln_eps < 1):
-        yield f"model.ln_eps={m.ln_eps}: must be in (0, 1)"
-    if m.init_std <= 0:
-        yield f"model.init_std={m.init_std}: must be > 0"
-    yield from architectures.rope_problems(m)
+    yield from model_problems(m)
     if t.global_batch_size <= 0 or t.micro_batch_size <= 0:
         yield "train.global_batch_size and train.micro_batch_size must be > 0"
     elif t.global_batch_size % t.micro_batch_size:
