@@ -12,7 +12,7 @@ from functools import cached_property
 
 from scaletrain import architectures, benchmarks
 from scaletrain.config import Config, ConfigError, resolve
-from scaletrain.sim.layers import Inventory, ModelShape
+from scaletrain.sim.layers import Inventory, ModelShape, shape_of
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,21 @@ class Workload:
     """Forward FLOPs per token split into "gemm", "attn" and "logits"."""
     positions: int = 0
     """Learned position rows (GPT-3: the model's seq_len); 0 for rotary positions."""
+    # Mixture-of-Experts, latent attention and sliding windows: sim/layers.py's ModelShape documents each.
+    head_size: int = 0
+    experts: int = 0
+    top_k: int = 0
+    expert_ffn: int = 0
+    shared_experts: int = 0
+    dense_layers: int = 0
+    router_bias: bool = False
+    q_rank: int = 0
+    kv_rank: int = 0
+    qk_nope: int = 0
+    qk_rope: int = 0
+    v_dim: int = 0
+    window: int = 0
+    window_layers: int = 0
 
     @cached_property
     def inventory(self) -> Inventory:
@@ -66,7 +81,12 @@ class Workload:
     @property
     def head_dim(self) -> int:
         """Per-head width."""
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def active_params(self) -> int:
+        """Parameters a token's FLOPs go through (sim/layers.py's Inventory.active_params)."""
+        return self.inventory.active_params
 
     @property
     def lora(self) -> bool:
@@ -102,19 +122,7 @@ def workload_from_config(cfg: Config, name: str = "", seq_len: int | None = None
 
 def model_shape(cfg: Config) -> ModelShape:
     """The inventory's view of a resolved trainer config (model widths, LoRA rank and targets)."""
-    m, lo = cfg.model, cfg.lora
-    return ModelShape(
-        arch=m.arch,
-        layers=m.n_layers,
-        hidden=m.d_model,
-        heads=m.n_heads,
-        kv_heads=m.kv_heads,
-        ffn=m.ffn_size,
-        vocab=m.padded_vocab,
-        positions=m.seq_len if architectures.get(m.arch).learned_positions else 0,
-        lora_rank=max(lo.rank, 0),
-        lora_targets=tuple(lo.targets),
-    )
+    return shape_of(cfg.model, max(cfg.lora.rank, 0), tuple(cfg.lora.targets))
 
 
 def load_config(model: str, overrides: tuple[str, ...] = (), config_file: str | None = None) -> Config:

@@ -1,0 +1,92 @@
+"""MoE, latent attention and sliding windows in the per-layer inventory: parameter counts pinned on the published
+models, FLOPs counting only the routed experts a token goes through, and the trainer's FLOPs formula agreeing."""
+
+import dataclasses
+
+import pytest
+
+from scaletrain import architectures
+from scaletrain.architectures import Architecture
+from scaletrain.config import resolve
+from scaletrain.model import flops
+from scaletrain.sim.layers import Inventory, ModelShape, shape_of
+
+# The published shapes (Hugging Face config.json of openai/gpt-oss-20b and deepseek-ai/DeepSeek-V3).
+GPT_OSS_20B = dict(layers=24, hidden=2880, heads=64, kv_heads=8, ffn=2880, vocab=201088, head_size=64, experts=32,
+                   top_k=4, expert_ffn=2880, router_bias=True, window=128, window_layers=12)
+DEEPSEEK_V3 = dict(layers=61, hidden=7168, heads=128, kv_heads=128, ffn=18432, vocab=129280, experts=256, top_k=8,
+                   expert_ffn=2048, shared_experts=1, dense_layers=3, q_rank=1536, kv_rank=512, qk_nope=128,
+                   qk_rope=64, v_dim=128)
+
+
+@pytest.fixture
+def archs(monkeypatch):
+    """The two architectures' facts (biases on GPT-OSS's attention and experts; none on DeepSeek-V3), whether or not
+    the model registry has them yet."""
+    table = dict(architectures.ARCHITECTURES)
+    table.setdefault("gpt_oss", Architecture("gpt_oss", True, True, 1, False, False, True, 150000.0))
+    table.setdefault("deepseek_v3", Architecture("deepseek_v3", True, False, 1, False, False, False, 10000.0))
+    monkeypatch.setattr(architectures, "ARCHITECTURES", table)
+
+
+def test_gpt_oss_20b_counts(archs):
+    inv = Inventory(ModelShape(arch="gpt_oss", **GPT_OSS_20B))
+    assert inv.params == pytest.approx(20.91e9, abs=0.01e9)  # model card: 20.91B
+    assert inv.active_params == pytest.approx(3.61e9, abs=0.01e9)  # model card: 3.61B active
+
+
+def test_deepseek_v3_counts(archs):
+    inv = Inventory(ModelShape(arch="deepseek_v3", **DEEPSEEK_V3))
+    assert inv.params == pytest.approx(671.0e9, abs=0.1e9)  # 671B without the multi-token-prediction module
+    # 37B activated (DeepSeek-V3 report); without the 0.93B input embedding table, as GPT-OSS's 3.6B counts.
+    assert inv.active_params == pytest.approx(36.6e9, abs=0.1e9)
+
+
+def test_flops_follow_top_k_not_the_expert_count(archs):
+    base = ModelShape(arch="deepseek_v3", **DEEPSEEK_V3)
+    a, b = Inventory(base), Inventory(dataclasses.replace(base, experts=512))
+    assert b.params > a.params + 100e9
+    router = 6 * 58 * 7168 * 256  # only the router (one score per expert) grows with the experts
+    assert b.flops_per_token(4096) - a.flops_per_token(4096) == pytest.approx(router, rel=1e-9)
+    k2 = Inventory(dataclasses.replace(base, top_k=9))
+    expert = 3 * 2048 * 7168  # one expert's SwiGLU matrices
+    assert k2.flops_per_token(4096) - a.flops_per_token(4096) == pytest.approx(6 * 58 * expert, rel=1e-9)
+
+
+def test_dense_leading_layers_are_counted_as_dense(archs):
+    s = ModelShape(arch="deepseek_v3", **DEEPSEEK_V3)
+    all_moe, all_dense = Inventory(dataclasses.replace(s, dense_layers=0)), Inventory(
+        dataclasses.replace(s, dense_layers=61))
+    inv = Inventory(s)
+    per_moe = (all_moe.params - inv.params) / 3
+    per_dense = (inv.params - all_dense.params) / 58
+    assert per_moe == pytest.approx(per_dense, rel=1e-12)  # both = one MoE layer less one dense layer
+    dense_mlp, moe_mlp = 3 * 7168 * 18432, 256 * 3 * 7168 * 2048 + 3 * 7168 * 2048 + 256 * 7168
+    assert per_moe == pytest.approx(moe_mlp - dense_mlp, rel=1e-12)
+
+
+def test_sliding_window_layers_attend_to_the_window_only(archs):
+    s = ModelShape(arch="gpt_oss", **GPT_OSS_20B)
+    full = Inventory(dataclasses.replace(s, window=0, window_layers=0))
+    inv = Inventory(s)
+    attn = full.forward_flops(8192)["attn"]
+    # 12 full layers at 8,192 keys and 12 at 128.
+    assert inv.forward_flops(8192)["attn"] == pytest.approx(attn * (8192 + 128) / (2 * 8192), rel=1e-12)
+
+
+def test_mla_attention_widths(archs):
+    inv = Inventory(ModelShape(arch="deepseek_v3", **DEEPSEEK_V3))
+    names = [g.name for g in inv.base]
+    assert names[:5] == ["q_down", "q_up", "kv_down", "kv_up", "proj"]
+    # QK^T over 192 = 128 + 64 dimensions per head, AV over 128, full s^2 (Megatron's count).
+    assert inv.attention.forward_flops(4096) == pytest.approx(2 * 4096 * 128 * (192 + 128))
+
+
+def test_trainer_formula_uses_the_inventory_for_moe():
+    cfg = resolve("llama-proxy", overrides=["model.moe.n_experts=8", "model.moe.top_k=2", "model.moe.n_shared=1",
+                                            "model.moe.d_ff_expert=64"]).model
+    inv = Inventory(shape_of(cfg))
+    assert flops.num_params(cfg) == inv.params and flops.active_params(cfg) == inv.active_params
+    assert flops.flops_per_token(cfg) == pytest.approx(inv.flops_per_token(cfg.seq_len))
+    dense = resolve("llama-proxy").model
+    assert flops.active_params(dense) == Inventory(shape_of(dense)).active_params
