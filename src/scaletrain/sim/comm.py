@@ -87,6 +87,8 @@ class Cluster:
         """
         if n <= 1 or size <= 0:
             return 0.0
+        if op == "all_to_all":
+            return self.all_to_all(n, size, stride)
         g, k = self.placement(n, stride)
         nv = self.node
         share = self.nvlink_share(g)
@@ -106,6 +108,29 @@ class Cluster:
                 inter = ring_all_reduce(k, shard, bw, alpha)
             return 2 * intra + inter
         return intra + ring_reduce_scatter(k, shard, bw, alpha)
+
+    def all_to_all(self, n: int, size: float, stride: int = 1) -> float:
+        """Seconds for an all-to-all in which each of n ranks sends `size` bytes in all, 1/n to each member (MoE
+        token dispatch or combine with even routing).
+
+        Each rank's (g-1)/n share to members of its own NVLink domain goes over NVLink and its (n-g)/n share to
+        the other domains over its own NIC (rail-aligned, NCCL's PXN moves it to the right rail over NVLink first);
+        both run at once, so the slower sets the time, plus a latency per peer (nccl-tests' all-to-all bus bandwidth
+        is the per-rank bytes x (n-1)/n over the time, the form used here).
+        """
+        if n <= 1 or size <= 0:
+            return 0.0
+        g, k = self.placement(n, stride)
+        nv = self.node
+        intra = (g - 1) * nv.nvlink_alpha_us * 1e-6 + (g - 1) / n * size / (
+            nv.nvlink_busbw_gbps * self.nvlink_share(g) * GB
+        )
+        if k == 1:
+            return intra
+        inter = (k - 1) * self.net_alpha_us(k) * 1e-6 + (n - g) / n * size / (
+            self.fabric.busbw_gbps * self.nic_share * GB
+        )
+        return max(intra, inter)
 
     def p2p(self, size: float, same_domain: bool) -> float:
         """Seconds to send `size` bytes to a pipeline neighbour (over NVLink, or one NIC across the fabric)."""

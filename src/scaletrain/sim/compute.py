@@ -67,6 +67,13 @@ def _interp_curve(curve, gflop: float) -> float:
     return pts[-1][1]
 
 
+def moe_share(w: Workload) -> float:
+    """Fraction of the layers that are Mixture-of-Experts (the per-layer times are the mean over the layers)."""
+    if not w.experts:
+        return 1.0
+    return (w.layers - min(w.dense_layers, w.layers)) / w.layers
+
+
 def layer_gemms(w: Workload, layout: ClusterLayout) -> list[tuple[int, int, int]]:
     """(M, N, K) of the forward GEMMs of one layer and micro-batch on one GPU (adapters included), in the order of
     the inventory's `layer` list (sim/layers.py)."""
@@ -81,12 +88,27 @@ def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float, f
     gemm_f = gemm_b = 0.0
     for g, (m, n, k) in zip(w.inventory.layer, layer_gemms(w, layout)):
         one = gemm_time(gpu, 2.0 * m * n * k, layout.fp8 and g.fp8, gemm_eff, fp4=layout.fp4, fp4_eff=fp4_eff)
+        if g.experts > 1:
+            # Routed experts: the layer waits for the busiest expert rank; leading dense layers have none.
+            one *= layout.moe_imbalance * moe_share(w)
+        elif g.name == "router" or g.name.startswith("shared."):
+            one *= moe_share(w)
         gemm_f += one
         # Backward: data gradient always; weight gradient only for trained weights (LoRA freezes the base).
         gemm_b += one * (2 if g.trainable else 1)
+    if w.experts and w.dense_layers:
+        # The leading dense layers' MLP, at their share of the mean layer.
+        for g in w.inventory.dense_base:
+            if g.name in ("fc1", "fc2"):
+                m, n, k = g.mnk(tokens, t)
+                one = gemm_time(gpu, 2.0 * m * n * k, layout.fp8 and g.fp8, gemm_eff, fp4=layout.fp4, fp4_eff=fp4_eff)
+                gemm_f += one * (1 - moe_share(w))
+                gemm_b += one * (1 - moe_share(w)) * (2 if g.trainable else 1)
     # Flash attention computes the causal half of the s^2 work Megatron's FLOPs count; backward recomputes
     # the scores, about 2.5x the forward.
-    attn_flops = 2 * 2 * b * s * (s / cp) * w.hidden / t * 0.5
+    # (Per token: the inventory's QK^T + AV FLOPs over the keys it attends to, sliding windows and MLA widths included.)
+    att = w.inventory.attention
+    attn_flops = (b * s / cp) * att.forward_flops(w.inventory.attention_tokens(s)) / t * 0.5
     # Context parallelism runs attention as cp partial blocks (one per K/V chunk) plus a merge: more, smaller kernels.
     attn_f = attn_flops / (gpu.attn_tflops * TB * gemm_eff) + 2 * cp * gpu.kernel_us * 1e-6
     attn_b = 2.5 * attn_f

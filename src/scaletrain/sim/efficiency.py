@@ -38,6 +38,10 @@ class Efficiency:
     """Communicator creation, seconds per process group and per doubling of its members (timed warm-up)."""
     eval_fixed_s: float = 0.5
     """Fixed seconds per evaluation besides its forward passes (mode switch, data loader, metric reduction)."""
+    a2a_exposed: float = 1.0
+    """Fraction of the MoE dispatch/combine all-to-all not hidden under computation (1 = none hidden, Megatron
+    without its all-to-all overlap; DeepSeek-V3's DualPipe hides most). No calibration row has experts, so it is not
+    fitted: this prior is what every set carries."""
     fp4_eff: float = 1.0
     """Fraction of the FP4 GEMM ceiling a training step reaches relative to the fraction of the FP8 one (gemm_eff):
     FP4 GEMMs are shorter, so quantisation, scale handling and the non-GEMM work between them weigh more."""

@@ -363,13 +363,35 @@ class Inventory:
         """Parameters with gradients and optimizer state: the adapters under LoRA, else all."""
         return self.adapter_params if self.shape.lora_rank > 0 else self.params
 
-    def rank_params(self, tp: int, layers: int, first: bool, last: bool) -> int:
+    def expert_rank_params(self, layers: int, ep: int = 1) -> int:
+        """Routed-expert parameters one rank holds for `layers` layers when `ep` ranks share out the experts (whole
+        experts each, not split by TP: Megatron's expert tensor parallelism of 1); the mean per layer where the leading
+        layers are dense."""
+        s = self.shape
+        if not s.moe:
+            return 0
+        moe_share = (s.layers - min(s.dense_layers, s.layers)) / s.layers
+        per_layer = sum(g.params for g in self.base if g.experts > 1) / max(ep, 1)
+        return round(layers * moe_share * per_layer)
+
+    def rank_params(self, tp: int, layers: int, first: bool, last: bool, ep: int = 1) -> int:
         """Base parameters one tensor-parallel rank of a pipeline stage holds before any data-parallel sharding:
         `layers` layers, plus the vocabulary-parallel token embedding (and learned positions, whole) on the first
         stage, the final norm and the output layer on the last (GPT-3 ties it to the embedding, but a last stage
-        without the embedding keeps its own copy). Norms are replicated over TP."""
+        without the embedding keeps its own copy). Norms are replicated over TP. An MoE model's routed experts are
+        shared out over `ep` ranks (`expert_rank_params`), its dense leading layers counted at their share."""
         s = self.shape
-        total = layers * (sum(g.local_params(tp) for g in self.base) + 2 * self.norm_params + self.extra_norm_params)
+        if s.moe:
+            dense = min(s.dense_layers, s.layers) / s.layers
+            per = dense * sum(g.local_params(tp) for g in self.dense_base) + (1 - dense) * sum(
+                g.local_params(tp) for g in self.base if g.experts == 1
+            )
+            total = round(layers * (per + 2 * self.norm_params + self.extra_norm_params))
+            total += self.expert_rank_params(layers, ep)
+        else:
+            total = layers * (
+                sum(g.local_params(tp) for g in self.base) + 2 * self.norm_params + self.extra_norm_params
+            )
         if first:
             total += s.vocab // tp * s.hidden + s.positions * s.hidden
         if last:
@@ -397,7 +419,9 @@ class Inventory:
 
     def gemm_shapes(self, tokens: int, tp: int) -> list[tuple[int, int, int]]:
         """(M, N, K) of one layer's forward GEMMs for `tokens` rows on one GPU under TP degree `tp`."""
-        return [g.mnk(tokens, tp) for g in self.layer]
+        # The router and the routed experts see each tensor-parallel rank's own sequence shard (Megatron runs MoE
+        # under sequence parallelism), the experts whole (expert tensor parallelism 1).
+        return [g.mnk(tokens // tp if g.experts > 1 or g.name == "router" else tokens, tp) for g in self.layer]
 
     def saved_per_token(self, tp: int, fp8: bool, dropout: bool) -> tuple[float, float]:
         """Bytes per token one layer keeps for backward as (replicated, sharded): the first group is hidden-wide

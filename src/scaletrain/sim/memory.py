@@ -108,7 +108,7 @@ class MemoryEstimate:
 def rank_params(w: Workload, layout: ClusterLayout, first: bool, last: bool) -> int:
     """Base parameters one TP rank of the first and/or last pipeline stage holds before ZeRO sharding (from the
     inventory: biases, norms and embeddings included); what the dry run reads off the real sharded model."""
-    return w.inventory.rank_params(layout.tp, _blocks(w, layout, first, last), first, last)
+    return w.inventory.rank_params(layout.tp, _blocks(w, layout, first, last), first, last, layout.ep)
 
 
 def _blocks(w: Workload, layout: ClusterLayout, first: bool, last: bool) -> int:
@@ -148,8 +148,20 @@ def _rank_memory(w: Workload, layout: ClusterLayout, first: bool, last: bool, in
     else:
         n = rank_params(w, layout, first, last)
         weights, grads, optimizer = n * wb, n * gb, n * ob
+        experts = w.inventory.expert_rank_params(layers, layout.ep)
+        if experts and zero >= 1:
+            # Routed experts shard their state over the ranks holding the same experts, not over d.
+            ewb, egb, eob = bytes_per_param(zero, layout.expert_dp, layout.bf16_grads)
+            weights += experts * (ewb - wb)
+            grads += experts * (egb - gb)
+            optimizer += experts * (eob - ob)
     if zero == 3:
-        unit = 2.0 * w.layer_params / t  # one layer's bf16 weights, all-gathered for use
+        unit = (
+            2.0
+            * (w.layer_params - w.inventory.expert_rank_params(1, 1) + w.inventory.expert_rank_params(1, layout.ep))
+            / t
+        )
+        # one layer's bf16 weights, all-gathered for use (its routed experts: this rank's share)
         weights += 2 * unit  # the layer being computed plus the one prefetched
         grads += 0 if w.lora else unit  # one layer's full gradients before their reduce-scatter
 

@@ -32,7 +32,7 @@ class StepResult:
 
     step_time_s: float
     breakdown: dict = field(default_factory=dict)
-    """compute, tp_exposed, cp_exposed, pp_bubble, dp_exposed, overlap_slowdown, optimizer, overhead (constant host
+    """compute, tp_exposed, cp_exposed, ep_exposed (MoE all-to-all), pp_bubble, dp_exposed, overlap_slowdown, optimizer, overhead (constant host
     work), sync (tree synchronisation over all ranks), straggler (waiting for the slowest rank)."""
     forward_rank_s: float = 0.0
     """Forward time of one micro-batch through the busiest rank's layers (evaluation uses it)."""
@@ -68,6 +68,19 @@ def _cp_comm(w: Workload, layout: ClusterLayout, cl: Cluster) -> float:
     return cl.collective("all_gather", c, kv, stride=layout.tp)
 
 
+def _a2a_comm(w: Workload, layout: ClusterLayout, cl: Cluster) -> float:
+    """All-to-all seconds per layer per micro-batch forward (dispatch plus combine; backward moves the same), averaged
+    over the layers (the leading dense ones have none). Each rank sends its sequence shard's tokens, top-k copies of
+    each: FP8 to dispatch under an FP8 recipe, bf16 back."""
+    if not w.experts or layout.ep <= 1:
+        return 0.0
+    tokens = layout.mbs * w.seq_len // layout.cp // layout.tp
+    routed = tokens * w.top_k * w.hidden * layout.moe_imbalance
+    dispatch = cl.collective("all_to_all", layout.ep, routed * (1 if layout.fp8 else BF16))
+    combine = cl.collective("all_to_all", layout.ep, routed * BF16)
+    return (dispatch + combine) * compute.moe_share(w)
+
+
 def stage_costs(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency):
     """Per (rank, chunk) forward/backward seconds of one micro-batch, plus the pieces for the breakdown."""
     p, v = layout.pp, layout.vp
@@ -79,8 +92,10 @@ def stage_costs(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency
     cp_f = max(0.0, _cp_comm(w, layout, cl) - lt.attn_fwd)
     cp_b = max(0.0, 2 * _cp_comm(w, layout, cl) - 2.5 * lt.attn_fwd)
     recompute_tp = tp if layout.recompute == "full" else 0.0
-    f_layer = lt.fwd + tp + cp_f
-    b_layer = lt.bwd + tp + recompute_tp + cp_b
+    a2a = _a2a_comm(w, layout, cl) * eff.a2a_exposed
+    recompute_a2a = a2a if layout.recompute == "full" else 0.0
+    f_layer = lt.fwd + tp + cp_f + a2a
+    b_layer = lt.bwd + tp + recompute_tp + cp_b + a2a + recompute_a2a
     fwd = [[blocks[r][c] * f_layer for c in range(v)] for r in range(p)]
     bwd = [[blocks[r][c] * b_layer for c in range(v)] for r in range(p)]
     emb_f, emb_b = compute.embedding_times(w, layout, cl.gpu)
@@ -91,7 +106,7 @@ def stage_costs(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency
     bwd[p - 1][v - 1] += log_b
     # Per micro-batch on the rank with the most blocks (all its v chunks).
     most = max(sum(row) for row in blocks)
-    exposed = {"tp": most * (2 * tp + recompute_tp), "cp": most * (cp_f + cp_b)}
+    exposed = {"tp": most * (2 * tp + recompute_tp), "cp": most * (cp_f + cp_b), "ep": most * (2 * a2a + recompute_a2a)}
     return fwd, bwd, exposed
 
 
@@ -225,7 +240,7 @@ def step_time(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency, 
         ffs = [[r * fwd[0][0] + c * p * fwd[r][0] for c in range(v)] for r in range(p)]
         in_flight = min(m, ((p - 1) * 2 + (v - 1) * p + 1) / v if v > 1 else p)
     dp_exposed, hidden = _dp_timing(w, layout, cl, eff, sorted({0, busiest, p - 1}), fwd, bwd, lbe, ffs, makespan)
-    compute_s = sum(fwd[busiest]) * m + sum(bwd[busiest]) * m - exposed["tp"] * m - exposed["cp"] * m
+    compute_s = sum(fwd[busiest]) * m + sum(bwd[busiest]) * m - (exposed["tp"] + exposed["cp"] + exposed["ep"]) * m
     # The busiest optimizer shard: the first stage's layers plus its embedding (and the head too when pp = 1), or a
     # stage with more layers where the split is uneven.
     embed = 0 if w.lora else (w.embedding_params if p == 1 else w.vocab * w.hidden) / t
@@ -244,6 +259,8 @@ def step_time(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency, 
         "optimizer": optimizer,
         "overhead": eff.step_overhead_s,
     }
+    if w.experts:  # only MoE models carry the key, so dense predictions print what they always did
+        breakdown["ep_exposed"] = exposed["ep"] * m
     # Every rank must finish its work before the step's last collectives complete: the slowest of all ranks sets
     # the pace, and the synchronisation itself is a tree over all of them (fixed_costs).
     sync, straggler = step_sync_s(layout.gpus, domains(layout.gpus, cl.node.nvlink_domain), makespan, eff)

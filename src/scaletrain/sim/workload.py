@@ -175,6 +175,13 @@ class ClusterLayout:
     """Keep and reduce gradients in bf16 (MLPerf gpt3 recipes); False = Megatron's default fp32 main grads."""
     schedule: str = ""
     """Pipeline schedule: "gpipe", "1f1b" or "interleaved_1f1b"; empty picks 1f1b, or interleaved when vp > 1."""
+    ep: int = 1
+    """Expert-parallel degree: an MoE model's routed experts shared out over ep ranks of the tp·cp·dp ranks of a
+    pipeline stage (whole experts, expert tensor parallelism 1), tokens dispatched to them and combined back by
+    all-to-all; their gradients reduce over the tp·cp·dp / ep ranks holding the same experts."""
+    moe_imbalance: float = 1.0
+    """Routed tokens on the busiest expert rank over the mean (1 = perfectly balanced): the routed-expert GEMMs and
+    the all-to-all wait for that rank."""
     shard_group: int = 0
     """Ranks the ZeRO sharding spans; 0 = all of d = dp·cp. HSDP shards over dp_shard·cp and replicates the rest."""
 
@@ -182,6 +189,11 @@ class ClusterLayout:
     def zero_shards(self) -> int:
         """Ranks weights, gradients and optimizer state are sharded over under ZeRO (d = dp·cp unless HSDP)."""
         return self.shard_group or self.dp * self.cp
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks holding the same experts (their gradients reduce over these): tp·cp·dp / ep."""
+        return max(1, self.tp * self.cp * self.dp // max(self.ep, 1))
 
     @property
     def dp(self) -> int:
@@ -206,7 +218,7 @@ class ClusterLayout:
     def problems(self, w: Workload) -> list[str]:
         """Why this layout cannot run workload `w` (empty when it can)."""
         out = []
-        for name in ("gpus", "tp", "pp", "vp", "cp", "mbs", "gbs"):
+        for name in ("gpus", "tp", "pp", "vp", "cp", "mbs", "gbs", "ep"):
             if getattr(self, name) < 1:
                 out.append(f"{name}={getattr(self, name)} must be >= 1")
         if out:
@@ -214,6 +226,14 @@ class ClusterLayout:
         if self.gpus % (self.tp * self.pp * self.cp):
             out.append(f"gpus={self.gpus} is not a multiple of tp*pp*cp={self.tp * self.pp * self.cp}")
             return out
+        if self.ep > 1 and not w.experts:
+            out.append(f"ep={self.ep} needs a Mixture-of-Experts model ({w.name or w.arch} is dense)")
+        elif self.ep > 1 and w.experts % self.ep:
+            out.append(f"ep={self.ep} does not divide the {w.experts} experts")
+        elif (self.tp * self.cp * self.dp) % self.ep:
+            out.append(f"ep={self.ep} does not divide tp*cp*dp={self.tp * self.cp * self.dp} (the ranks of a stage)")
+        if not self.moe_imbalance >= 1:
+            out.append(f"moe_imbalance={self.moe_imbalance} must be >= 1 (the busiest expert rank over the mean)")
         if w.heads % self.tp or w.kv_heads % self.tp and self.tp % w.kv_heads:
             out.append(f"tp={self.tp} does not divide the {w.heads} heads / {w.kv_heads} kv heads")
         if w.ffn % self.tp:
@@ -250,7 +270,8 @@ class ClusterLayout:
     def describe(self) -> str:
         """Short text form, e.g. "TP4 PP8 VP12 CP1 DP336 mbs1 GBS2688 fp8"."""
         text = (
-            f"TP{self.tp} PP{self.pp} VP{self.vp} CP{self.cp} DP{self.dp} mbs{self.mbs} GBS{self.gbs}"
+            f"TP{self.tp} PP{self.pp} VP{self.vp} CP{self.cp} DP{self.dp}{f' EP{self.ep}' if self.ep > 1 else ''}"
+            f" mbs{self.mbs} GBS{self.gbs}"
             f"{' fp4' if self.fp4 else ' fp8' if self.fp8 else ''}{'' if self.recompute == 'none' else ' ' + self.recompute}"
         )
         return text
