@@ -44,6 +44,8 @@ def _layout(args) -> ClusterLayout:
         zero=args.zero,
         schedule=args.schedule,
         bf16_grads=args.grad_dtype == "bf16" or (args.grad_dtype == "auto" and (args.fp8 or args.fp4)),
+        ep=args.ep,
+        moe_imbalance=args.moe_imbalance,
     )
 
 
@@ -68,7 +70,8 @@ def print_prediction(p: Prediction, out=None) -> None:
     lay = p.layout
     print(f"{p.model} on {p.gpus:,} x {p.gpu} ({p.node}, {p.fabric}), calibration {p.calibration}", file=out)
     print(
-        f"  layout TP{lay['tp']} PP{lay['pp']} VP{lay['vp']} CP{lay['cp']} DP{lay['dp']} mbs{lay['mbs']} "
+        f"  layout TP{lay['tp']} PP{lay['pp']} VP{lay['vp']} CP{lay['cp']} DP{lay['dp']}"
+        f"{' EP' + str(lay['ep']) if lay.get('ep', 1) > 1 else ''} mbs{lay['mbs']} "
         f"GBS{lay['gbs']} ({lay['microbatches']} micro-batches, {lay['schedule']}), "
         f"{'fp4' if lay.get('fp4') else 'fp8' if lay['fp8'] else 'bf16'}, recompute {lay['recompute']}, zero {lay['zero']}",
         file=out,
@@ -122,7 +125,8 @@ def cmd_predict(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    """Search layouts (TP, PP, VP, CP, DP, micro-batch, GBS, recompute, FP8) under the memory limit; print the best."""
+    """Search layouts (TP, PP, VP, CP, DP, EP, micro-batch, GBS, recompute, FP8) under the memory limit; print the
+    best."""
     from scaletrain.sim.plan import plan
 
     w = load_workload(args.model, tuple(args.set))
@@ -138,6 +142,7 @@ def cmd_plan(args) -> int:
         catalog=load_catalog(args.catalog),
         fp4=args.fp4,
         as_trained=args.as_trained,
+        moe_imbalance=args.moe_imbalance,
     )
     cat = load_catalog(args.catalog)
     runs = [
@@ -362,8 +367,11 @@ def add_parsers(sub) -> None:
             help="FP4 GEMMs (NVFP4/MXFP4) where FP8 would apply, on the FP8 recipe (implies --fp8 for predict)",
         )
         p.add_argument("--json", action="store_true", help="print JSON")
+        p.add_argument(
+            "--moe-imbalance", type=float, default=1.0, help="MoE: busiest expert rank's tokens over the mean (>= 1)"
+        )
         if layout:
-            for name, default in (("tp", 1), ("pp", 1), ("vp", 1), ("cp", 1), ("mbs", 1)):
+            for name, default in (("tp", 1), ("pp", 1), ("vp", 1), ("cp", 1), ("ep", 1), ("mbs", 1)):
                 p.add_argument(f"--{name}", type=int, default=default, help=f"{name} degree (default {default})")
             p.add_argument("--fp8", action="store_true", help="FP8 GEMMs")
             p.add_argument("--no-sp", action="store_true", help="no sequence parallelism with TP")

@@ -66,8 +66,17 @@ def _depths(layers: int) -> list[int]:
     return sorted(set(_divisors(layers)) | {d for d in _divisors(layers + 2) if chunk_layers(layers, d, 1)})
 
 
+def _eps(w: Workload, stage_ranks: int) -> list[int]:
+    """Expert-parallel degrees to try: 1 for a dense model, else the powers of two dividing both the experts and the
+    ranks of a pipeline stage."""
+    if not w.experts:
+        return [1]
+    return [e for e in (2**i for i in range(0, 20)) if e <= w.experts and not w.experts % e and not stage_ranks % e]
+
+
 def _shapes(w: Workload, gpus: int, domain: int):
-    """(tp, pp, vp, cp) with tp*pp*cp dividing `gpus`; TP stays inside one NVLink domain (and at most 16)."""
+    """(tp, pp, vp, cp, ep) with tp*pp*cp dividing `gpus`; TP stays inside one NVLink domain (and at most 16); ep
+    (MoE models) divides the experts and the gpus/pp ranks of a stage."""
     for tp in _divisors(w.heads):
         if tp > min(domain, 16) or gpus % tp:
             continue
@@ -78,7 +87,8 @@ def _shapes(w: Workload, gpus: int, domain: int):
                 # vp only means something with a pipeline (pp = 1 runs plain 1F1B whatever vp says).
                 vps = [1] if pp == 1 else [v for v in range(1, MAX_VP + 1) if chunk_layers(w.layers, pp, v)]
                 for vp in vps:
-                    yield tp, pp, vp, cp
+                    for ep in _eps(w, gpus // pp):
+                        yield tp, pp, vp, cp, ep
 
 
 def _batches(unit: int, pp: int, vp: int, lo: int, hi: int) -> list[int]:
@@ -123,7 +133,7 @@ def _bound(w: Workload, lay: ClusterLayout, cl: Cluster, eff, cache: dict) -> tu
     times m, plus (p-1) mean chunks of bubble, plus non-negative terms (p2p, DP, optimizer) and the fixed overhead;
     the bound drops the non-negative terms. Everything but m is cached per shape, since it is per micro-batch.
     """
-    key = (lay.tp, lay.pp, lay.vp, lay.cp, lay.mbs, lay.fp8, lay.recompute)
+    key = (lay.tp, lay.pp, lay.vp, lay.cp, lay.ep, lay.mbs, lay.fp8, lay.recompute)
     if key not in cache:
         fwd, bwd, _ = stage_costs(w, lay, cl, eff)
         work = [sum(fw) + sum(bw) for fw, bw in zip(fwd, bwd)]
@@ -170,6 +180,7 @@ def plan(
     catalog=None,
     fp4: bool = False,
     as_trained: bool = False,
+    moe_imbalance: float = 1.0,
 ) -> PlanResult:
     """The `top` best layouts of `w` on `gpus` GPUs of kind `gpu` (node and fabric as in `predict`).
 
@@ -224,7 +235,7 @@ def plan(
     fit_cache: dict[tuple, tuple] = {}
     rejected: Counter[str] = Counter()
     bounds, searched, feasible, least_mem = [], 0, 0, float("inf")
-    for tp, pp, vp, cp in _shapes(w, gpus, n.nvlink_domain):
+    for tp, pp, vp, cp, ep in _shapes(w, gpus, n.nvlink_domain):
         for mbs in MBS:
             unit = gpus // (tp * pp * cp) * mbs
             batches = [gbs] if gbs else _batches(unit, pp, vp, lo, hi) if bench else [DEFAULT_GBS]
@@ -247,13 +258,15 @@ def plan(
                         fp8=prec,
                         bf16_grads=prec and not as_trained,
                         fp4=fp4,
+                        ep=ep,
+                        moe_imbalance=moe_imbalance,
                     )
                     problems = lay.problems(w)
                     if problems:
                         rejected[re.sub(r"\d+", "N", problems[0])] += 1
                         continue
                     # Memory sees the GBS only through the in-flight count, which stops growing at m = 2*pp.
-                    key = (tp, pp, vp, cp, mbs, prec, min(lay.microbatches, 2 * pp))
+                    key = (tp, pp, vp, cp, ep, mbs, prec, min(lay.microbatches, 2 * pp))
                     if key not in fit_cache:
                         fit_cache[key] = _fitting(w, lay, g.hbm_gb, as_trained)
                     variants, least = fit_cache[key]

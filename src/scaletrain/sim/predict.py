@@ -217,6 +217,8 @@ def _layout_dict(layout: ClusterLayout) -> dict:
         del d["shard_group"]  # the default (ZeRO over all of dp·cp); only HSDP layouts from a trainer config set it
     if not d["fp4"]:
         del d["fp4"]  # only FP4 layouts carry the key, so other predictions print what they always did
+    if d["ep"] == 1 and d["moe_imbalance"] == 1.0:
+        del d["ep"], d["moe_imbalance"]  # likewise: only MoE layouts carry them
     d["dp"] = layout.dp
     d["microbatches"] = layout.microbatches if layout.dp > 0 and layout.mbs > 0 else 0
     d["schedule"] = layout.pipeline_schedule

@@ -41,11 +41,19 @@ class StepResult:
     details: dict = field(default_factory=dict)
 
 
-def _trainable_per_layer(w: Workload, t: int) -> float:
-    """Trainable parameters of one layer held by one TP rank."""
+def _layer_params_rank(w: Workload, t: int, ep: int = 1) -> float:
+    """Base weights of one (mean) layer on one rank: the dense part split by TP, the routed experts by EP. (Expert
+    gradients reduce over the tp·cp·dp/ep ranks holding the same experts; the DP model prices them over dp·cp, the
+    same bytes per rank over a group of the same or larger span.)"""
+    experts = w.inventory.expert_rank_params(1, 1)
+    return (w.layer_params - experts) / t + experts / max(ep, 1)
+
+
+def _trainable_per_layer(w: Workload, t: int, ep: int = 1) -> float:
+    """Trainable parameters of one layer held by one TP (and EP) rank."""
     if w.lora:
         return (w.trainable_params / w.layers) / t
-    return w.layer_params / t
+    return _layer_params_rank(w, t, ep)
 
 
 def _tp_comm(w: Workload, layout: ClusterLayout, cl: Cluster) -> float:
@@ -127,9 +135,9 @@ def _dp_buckets(
     t, p, v = layout.tp, layout.pp, layout.vp
     table = chunk_layers(w.layers, p, v)
     layers = table[rank][chunk] if table else w.layers // (p * v)
-    params = _trainable_per_layer(w, t) * layers
+    params = _trainable_per_layer(w, t, layout.ep) * layers
     # ZeRO-3 shards and gathers every weight, frozen ones included (a LoRA base gathers its FP8/bf16 weights).
-    gathered = (w.layer_params / t * layers) if layout.zero == 3 else params
+    gathered = (_layer_params_rank(w, t, layout.ep) * layers) if layout.zero == 3 else params
     weight_bytes = 1 if (layout.zero == 3 and w.lora and layout.fp8) else BF16
     nb = max(1, min(layers, math.ceil(max(params, gathered) / max(_BUCKET_PARAMS, 1e6 * n))))
     sizes, gsizes = [params / nb] * nb, [gathered / nb] * nb
@@ -245,7 +253,7 @@ def step_time(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency, 
     # stage with more layers where the split is uneven.
     embed = 0 if w.lora else (w.embedding_params if p == 1 else w.vocab * w.hidden) / t
     per_rank = rank_layers(w.layers, p, v)
-    per_layer = _trainable_per_layer(w, t)
+    per_layer = _trainable_per_layer(w, t, layout.ep)
     params_local = max(per_layer * per_rank[0] + embed, per_layer * max(per_rank))
     shards = layout.dp * layout.cp if layout.zero >= 1 else 1
     optimizer = params_local / shards * _OPT_BYTES / (cl.gpu.hbm_copy_tbps * 1e12)
