@@ -89,6 +89,20 @@ ARCHITECTURES: dict[str, Architecture] = {
             rope_theta=500000.0,
             rope_scaling="llama3",
         ),
+        # GPT-OSS (OpenAI 2025; HF GptOssForCausalLM): Llama's structure with biased attention projections and
+        # experts, rotary base 150,000 with YaRN scaling; its sinks, sliding windows, clamped SwiGLU and
+        # Mixture-of-Experts MLPs are model config fields (model/gpt_oss.py).
+        Architecture(
+            "gpt_oss",
+            gated_mlp=True,
+            biases=True,
+            norm_weights=1,
+            tied_head=False,
+            learned_positions=False,
+            grouped_kv=True,
+            rope_theta=150000.0,
+            rope_scaling="yarn",
+        ),
     )
 }
 """model.arch -> facts; read at call time, so a test can register another architecture."""
