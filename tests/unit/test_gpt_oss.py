@@ -161,3 +161,19 @@ def test_yarn_frequencies_match_hugging_face():
         inv_freq, scale = ROPE_INIT_FUNCTIONS["yarn"](hf_cfg, "cpu")
         rope = Rope(150000.0, "yarn", factor=32.0, original_seq_len=4096, truncate=truncate)
         assert torch.allclose(rope.inv_freq(64), inv_freq, rtol=1e-6) and rope.attention_factor == pytest.approx(scale)
+
+
+def test_a_llama_with_yarn_exports_to_hugging_face_exactly(tmp_path):
+    pytest.importorskip("safetensors")
+    from transformers import LlamaForCausalLM
+
+    from scaletrain.checkpoint.hf import export_hf
+    from scaletrain.model.llama import Llama
+
+    cfg = ModelConfig(arch="llama", n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_ff=48, seq_len=64,
+                      vocab_size=128, init_std=0.3, rope_scaling="yarn", rope_factor=8.0, rope_original_seq_len=8)
+    ours = Llama(cfg, seed=1).eval()
+    hf = LlamaForCausalLM.from_pretrained(export_hf(ours.state_dict(), cfg, tmp_path / "hf")).eval()
+    tokens = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert (hf(tokens).logits - ours(tokens)).abs().max() < 1e-4

@@ -96,6 +96,8 @@ class Attention(nn.Module):
         if self.sinks is None and not self.window:
             out = self.core(q, k, v)
         else:
+            if self.core is not causal_attention:  # a swapped core (context parallelism) would be bypassed
+                raise NotImplementedError("a replaced attention core with attention sinks or a sliding window")
             sinks = self.sinks
             if sinks is not None and sinks.shape[0] != q.shape[1]:  # a tensor-parallel shard: its heads' sinks
                 raise NotImplementedError("attention sinks under tensor parallelism")
