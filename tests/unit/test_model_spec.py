@@ -39,7 +39,7 @@ def test_every_spec_builds_a_model_its_facts_describe(arch):
 def test_config_accepts_exactly_the_registered_architectures():
     # config validates model.arch before any model code loads, so it keeps the names; they must agree.
     assert architectures.names() == tuple(MODELS)
-    with pytest.raises(ValueError, match=r"model.arch='mamba': no model builder \(known: 'gpt3', 'llama', 'llama31'\)"):
+    with pytest.raises(ValueError, match=r"model.arch='mamba': no model builder \(known: 'gpt3', 'llama', 'llama31', 'gpt_oss'\)"):
         model_spec("mamba")
 
 
