@@ -15,9 +15,11 @@ from typing import Any
 
 __all__ = ["Architecture", "ARCHITECTURES", "ROPE_SCALINGS", "get", "names", "rope_problems"]
 
-ROPE_SCALINGS = ("none", "llama3")
-"""model.rope_scaling values: plain rotary frequencies, or Llama 3.1's ("llama3": wavelengths beyond the original
-context stretched by rope_factor, those under original/high_freq_factor kept, a smooth blend between)."""
+ROPE_SCALINGS = ("none", "llama3", "yarn")
+"""model.rope_scaling values: plain rotary frequencies, Llama 3.1's ("llama3": wavelengths beyond the original
+context stretched by rope_factor, those under original/high_freq_factor kept, a smooth blend between), or YaRN
+("yarn", GPT-OSS: frequencies rotating fewer than rope_beta_slow times over the original context divided by
+rope_factor, more than rope_beta_fast kept, a linear ramp between, and cos/sin scaled by 0.1 ln(factor) + 1)."""
 
 
 @dataclass(frozen=True)
@@ -120,14 +122,22 @@ def rope_problems(m: Any) -> Iterator[str]:
             f"model.rope_scaling={m.rope_scaling!r}: must be one of {list(ROPE_SCALINGS)} (or '' for the "
             "architecture's)"
         )
-    if (m.rope_scaling or facts.rope_scaling) != "llama3":
+    kind = m.rope_scaling or facts.rope_scaling
+    if kind not in ("llama3", "yarn"):
         return
     if not m.rope_factor >= 1:
         yield f"model.rope_factor={m.rope_factor}: must be >= 1"
+    if m.rope_original_seq_len <= 0:
+        yield f"model.rope_original_seq_len={m.rope_original_seq_len}: must be > 0"
+    if kind == "yarn":
+        if not 0 < m.rope_beta_slow < m.rope_beta_fast:
+            yield (
+                f"model.rope_beta_slow={m.rope_beta_slow}, model.rope_beta_fast={m.rope_beta_fast}: need "
+                "0 < slow < fast"
+            )
+        return
     if not 0 < m.rope_low_freq_factor < m.rope_high_freq_factor:
         yield (
             f"model.rope_low_freq_factor={m.rope_low_freq_factor}, model.rope_high_freq_factor="
             f"{m.rope_high_freq_factor}: need 0 < low < high"
         )
-    if m.rope_original_seq_len <= 0:
-        yield f"model.rope_original_seq_len={m.rope_original_seq_len}: must be > 0"

@@ -118,6 +118,26 @@ class ModelConfig:
     """Mixture-of-Experts feed-forward layers (model.moe.n_experts = 0: every layer dense)."""
     mla: MLAConfig = field(default_factory=lambda: MLAConfig())
     """Multi-head latent attention (DeepSeek-V3); model.mla.kv_lora_rank = 0: standard attention."""
+    swiglu_limit: float = 0.0
+    """SwiGLU clamp: 0 = plain silu(gate) * up; > 0 = GPT-OSS's variant (its config: 7.0), gate clamped above at
+    this, up clamped to [-limit, limit], out = (up + 1) * gate * sigmoid(swiglu_alpha * gate)."""
+    swiglu_alpha: float = 1.702
+    """Sigmoid gain of the clamped SwiGLU (GPT-OSS: 1.702); used only when swiglu_limit > 0."""
+    sliding_window: int = 0
+    """Tokens a sliding-window attention layer sees (itself and the window - 1 before it; GPT-OSS: 128); 0 = every
+    layer attends to the whole causal context."""
+    sliding_window_pattern: int = 2
+    """With sliding_window > 0: in every run of this many layers the last has full attention and the others a
+    sliding window (2 = GPT-OSS: even layers sliding, odd full; 1 = all full; 0 = all sliding)."""
+    attn_sinks: bool = False
+    """Attention sinks (GPT-OSS): one learned logit per head joins every softmax row as an extra column whose
+    value is dropped, so a head can attend to nothing."""
+    rope_beta_fast: float = 32.0
+    """yarn scaling: rotations over the original context above which a frequency is kept (extrapolated)."""
+    rope_beta_slow: float = 1.0
+    """yarn scaling: rotations over the original context below which a frequency is divided by rope_factor."""
+    rope_yarn_truncate: bool = True
+    """yarn scaling: round the ramp's dimension bounds to integers (HF's `truncate`; GPT-OSS: false)."""
 
     @property
     def head_size(self) -> int:
@@ -212,6 +232,13 @@ def model_problems(m: ModelConfig) -> Iterator[str]:
         yield f"model.ln_eps={m.ln_eps}: must be in (0, 1)"
     if m.init_std <= 0:
         yield f"model.init_std={m.init_std}: must be > 0"
+    if m.swiglu_limit < 0 or m.swiglu_alpha <= 0:
+        yield f"model.swiglu_limit={m.swiglu_limit}, model.swiglu_alpha={m.swiglu_alpha}: need limit >= 0, alpha > 0"
+    if m.sliding_window < 0 or m.sliding_window_pattern < 0:
+        yield (
+            f"model.sliding_window={m.sliding_window}, model.sliding_window_pattern={m.sliding_window_pattern}: "
+            "must be >= 0"
+        )
     yield from architectures.rope_problems(m)
     yield from _moe_problems(m)
     yield from _mla_problems(m)

@@ -64,7 +64,7 @@ def test_scaling_changes_the_model_output_beyond_the_original_context():
 @pytest.mark.parametrize("override,message", [
     ("model.rope_theta=nan", r"model.rope_theta=nan: must be a finite number"),
     ("model.rope_theta=0.5", r"model.rope_theta=0.5: must be > 1 \(or 0 for the architecture's 500000\)"),
-    ("model.rope_scaling=yarn", r"model.rope_scaling='yarn': must be one of \['none', 'llama3'\]"),
+    ("model.rope_scaling=ntk", r"model.rope_scaling='ntk': must be one of \['none', 'llama3', 'yarn'\]"),
     ("model.rope_factor=0.5", r"model.rope_factor=0.5: must be >= 1"),
     ("model.rope_factor=nan", r"model.rope_factor=nan: must be a finite number"),
     ("model.rope_high_freq_factor=1.0", r"model.rope_low_freq_factor=1.0, model.rope_high_freq_factor=1.0: need 0"),

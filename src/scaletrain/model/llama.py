@@ -49,6 +49,9 @@ class Rope:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_seq_len: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
 
     @classmethod
     def of(cls, cfg: ModelConfig) -> Rope:
@@ -60,7 +63,17 @@ class Rope:
             cfg.rope_low_freq_factor,
             cfg.rope_high_freq_factor,
             cfg.rope_original_seq_len,
+            cfg.rope_beta_fast,
+            cfg.rope_beta_slow,
+            cfg.rope_yarn_truncate,
         )
+
+    @property
+    def attention_factor(self) -> float:
+        """Scale on cos and sin: YaRN's 0.1 ln(factor) + 1 (HF's default attention_factor), else 1."""
+        if self.scaling != "yarn" or self.factor <= 1:
+            return 1.0
+        return 0.1 * math.log(self.factor) + 1.0
 
     def inv_freq(self, head_dim: int, device: torch.device | str | None = None) -> torch.Tensor:
         """fp32 inverse frequencies [head_dim/2], in the order of operations of HF's rope init functions.
@@ -70,6 +83,8 @@ class Rope:
         """
         exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
         inv_freq = 1.0 / (self.theta**exponent)
+        if self.scaling == "yarn":
+            return self._yarn(inv_freq, head_dim)
         if self.scaling != "llama3":
             return inv_freq
         low_wavelen = self.original_seq_len / self.low_freq_factor
@@ -82,6 +97,24 @@ class Rope:
         blended = (1 - smooth) * stretched / self.factor + smooth * stretched
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(medium, blended, stretched)
+
+    def _yarn(self, inv_freq: torch.Tensor, head_dim: int) -> torch.Tensor:
+        """YaRN (Peng et al. 2023) as HF's _compute_yarn_parameters: dimension pairs rotating more than beta_fast
+        times over the original context keep their frequency, fewer than beta_slow are divided by `factor`, and
+        a linear ramp in the pair index blends the two between."""
+
+        def dim_of(rotations: float) -> float:
+            return head_dim * math.log(self.original_seq_len / (rotations * 2 * math.pi)) / (2 * math.log(self.theta))
+
+        low, high = dim_of(self.beta_fast), dim_of(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, head_dim - 1)
+        if low == high:
+            high += 0.001  # HF's guard against a zero-width ramp
+        ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+        keep = (1 - ramp).to(inv_freq.device)
+        return inv_freq / self.factor * (1 - keep) + inv_freq * keep
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -103,7 +136,10 @@ def rope_cos_sin(
     with torch.autocast(device_type=positions.device.type, enabled=False):
         freqs = positions.float()[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        if rope is None or rope.attention_factor == 1.0:
+            return emb.cos().to(dtype), emb.sin().to(dtype)
+        scale = rope.attention_factor
+        return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
 
 
 class Attention(nn.Module):
