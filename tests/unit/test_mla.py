@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -99,3 +100,5 @@ def test_mla_is_causal_and_positions_matter():
 def test_mla_rejects_a_config_without_latent():
     with pytest.raises(ValueError, match="kv_lora_rank > 0"):
         MLA(ModelConfig(arch="llama", d_model=32, n_heads=4))
+    with pytest.raises(ValueError, match="YaRN"):
+        MLA(replace(_cfg(), rope_scaling="yarn", rope_factor=4.0))

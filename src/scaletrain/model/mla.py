@@ -14,7 +14,8 @@ as [even slots | odd slots]; queries and keys are permuted alike, so the scores 
 Softmax scale: 1/sqrt(qk_nope_head_dim + qk_rope_head_dim). No YaRN: DeepSeek-V3 was pretrained at 4K context
 with plain rotary frequencies and stretched with YaRN (factor 40, mscale 1) only afterwards, and MLPerf's
 deepseekv3_671b trains at 4,096, so scaletrain's rotary settings (`model.rope_*`, base from the architecture) apply
-unchanged; HF's extra mscale factor on the scale applies only when its config names a scaled rope type.
+unchanged; HF's extra mscale factor on the scale applies only when its config names a scaled rope type. So
+model.rope_scaling "yarn" (GPT-OSS's form, which scales cos/sin instead) is refused here rather than misapplied.
 
 Layout seams: the output projection is `proj` (as in GPT and Llama), attention goes through a swappable `core`, and
 heads are counted from the local width of `kv_b_proj`/`q_b_proj`, so a column shard of those (whole heads) works.
@@ -55,6 +56,8 @@ class MLA(nn.Module):
                 f"MLA needs model.mla.kv_lora_rank > 0 and an even qk_rope_head_dim, got {a.kv_lora_rank}, "
                 f"{a.qk_rope_head_dim}"
             )
+        if cfg.rope_kind == "yarn":
+            raise ValueError("MLA does not implement DeepSeek's YaRN (its softmax mscale); use model.rope_scaling none")
         h, d = cfg.n_heads, cfg.d_model
         self.nope, self.rope_dim, self.v_dim = a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim
         self.kv_lora_rank = a.kv_lora_rank
