@@ -203,3 +203,41 @@ def test_the_selection_bias_and_group_limit_change_the_routing(pair):
         moe.router.topk_groups = 2
     assert not torch.equal(base, unbiased) and not torch.equal(base, ungrouped)
     assert int(base.sum()) == 2 * 20 * 3  # every token to top_k = 3 experts, none dropped
+
+
+def test_gradients_match_transformers(pair):
+    hf, ours, tokens = pair
+    w = torch.randn(2, 20, 256, generator=torch.Generator().manual_seed(1))
+    hf.zero_grad()
+    ours.zero_grad()
+    (hf(tokens).logits * w).sum().backward()
+    (ours(tokens) * w).sum().backward()
+    hf_params, our_params = dict(hf.named_parameters()), dict(ours.named_parameters())
+    pairs = {
+        "model.embed_tokens.weight": "embed.tok.weight",
+        "model.layers.0.self_attn.kv_b_proj.weight": "blocks.0.attn.kv_b_proj.weight",
+        "model.layers.1.self_attn.kv_a_proj_with_mqa.weight": "blocks.1.attn.kv_a_proj_with_mqa.weight",
+        "model.layers.2.self_attn.o_proj.weight": "blocks.2.attn.proj.weight",
+        "model.layers.1.mlp.gate.weight": "blocks.1.mlp.router.gate.weight",
+        "model.layers.2.mlp.experts.down_proj": "blocks.2.mlp.experts.w_out",
+        "model.layers.2.mlp.shared_experts.down_proj.weight": "blocks.2.mlp.shared.proj.weight",
+    }
+    for theirs, mine in pairs.items():
+        torch.testing.assert_close(our_params[mine].grad, hf_params[theirs].grad, rtol=1e-4, atol=1e-4, msg=mine)
+
+
+def test_meta_build_then_init_equals_a_direct_build():
+    """init_weights touches every parameter and buffer (the selection bias too): what parallelize relies on."""
+    cfg = _our_config(_hf_config(24))
+    direct = DeepseekV3(cfg, seed=3)
+    with torch.device("meta"):
+        lazy = DeepseekV3(cfg, seed=3)
+    lazy.to_empty(device="cpu")
+    with torch.no_grad():
+        for b in lazy.buffers():
+            b.fill_(float("nan"))  # whatever to_empty left there must be overwritten
+    lazy.init_weights(seed=3)
+    want = direct.state_dict()
+    assert set(lazy.state_dict()) == set(want)
+    for name, t in lazy.state_dict().items():
+        assert torch.equal(t, want[name]), name

@@ -45,6 +45,13 @@ def rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+def _norm(norm: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """`norm(x)` in the norm weight's dtype: under autocast the latents arrive in bf16, and an fp32 RMSNorm on them
+    would fall back from the fused kernel (with a warning); fp32 is also what HF normalises in."""
+    assert norm.weight is not None
+    return norm(x.to(norm.weight.dtype))
+
+
 class MLA(nn.Module):
     """Causal multi-head latent attention over [batch, seq, d_model] (module docstring); no biases."""
 
@@ -86,14 +93,18 @@ class MLA(nn.Module):
             q = self.q_proj(x)
         else:
             assert self.q_a_proj is not None and self.q_a_layernorm is not None and self.q_b_proj is not None
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+            q = self.q_b_proj(_norm(self.q_a_layernorm, self.q_a_proj(x)))
         return q.unflatten(-1, (-1, self.nope + self.rope_dim))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         b, s, _ = x.shape
         q_nope, q_rot = self.queries(x).transpose(1, 2).split([self.nope, self.rope_dim], dim=-1)
         latent, k_rot = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).unflatten(-1, (-1, self.nope + self.v_dim)).transpose(1, 2)
+        kv = (
+            self.kv_b_proj(_norm(self.kv_a_layernorm, latent))
+            .unflatten(-1, (-1, self.nope + self.v_dim))
+            .transpose(1, 2)
+        )
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)  # [b, heads, s, nope], [b, heads, s, v]
         if positions is None:
             core_positions = getattr(self.core, "positions", None)
