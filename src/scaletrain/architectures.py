@@ -45,6 +45,9 @@ class Architecture:
     """Rotary base that model.rope_theta=0 resolves to; 0 for an architecture without rotary positions."""
     rope_scaling: str = "none"
     """Rotary frequency scaling (one of ROPE_SCALINGS) that an empty model.rope_scaling resolves to."""
+    latent_attention: bool = False
+    """Multi-head latent attention (model/mla.py: low-rank key/value latent with decoupled rotary keys, shaped by
+    model.mla) instead of `attn.qkv`; model.mla.kv_lora_rank must then be > 0."""
 
     @property
     def mlp_matrices(self) -> int:
@@ -102,6 +105,19 @@ ARCHITECTURES: dict[str, Architecture] = {
             grouped_kv=True,
             rope_theta=150000.0,
             rope_scaling="yarn",
+        ),
+        # DeepSeek-V3 (DeepSeek-AI 2024, arXiv:2412.19437): RMSNorm, SwiGLU (dense and per expert), multi-head
+        # latent attention with rotary base 10,000 on its decoupled rotary dims, untied head; experts from model.moe.
+        Architecture(
+            "deepseek_v3",
+            gated_mlp=True,
+            biases=False,
+            norm_weights=1,
+            tied_head=False,
+            learned_positions=False,
+            grouped_kv=False,
+            rope_theta=10000.0,
+            latent_attention=True,
         ),
     )
 }

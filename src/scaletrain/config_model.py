@@ -76,8 +76,9 @@ class MLAConfig:
 class ModelConfig:
     arch: str = "gpt3"
     """Architecture family: "gpt3" (GPT-2/GPT-3 decoder: learned positions, pre-LN, tanh GELU, tied embeddings),
-    "llama" (Llama 2: RMSNorm, SwiGLU, rotary positions, grouped-query attention, untied head) or "llama31"
-    (Llama 3.1: Llama 2 with rotary base 500,000 and the "llama3" frequency scaling)."""
+    "llama" (Llama 2: RMSNorm, SwiGLU, rotary positions, grouped-query attention, untied head), "llama31"
+    (Llama 3.1: Llama 2 with rotary base 500,000 and the "llama3" frequency scaling) or "deepseek_v3" (latent
+    attention from model.mla, experts from model.moe)."""
     n_layers: int = 4
     """Number of transformer blocks."""
     d_model: int = 256
@@ -203,6 +204,12 @@ def _moe_problems(m: ModelConfig) -> Iterator[str]:
 
 def _mla_problems(m: ModelConfig) -> Iterator[str]:
     a = m.mla
+    if m.arch in architectures.names() and architectures.get(m.arch).latent_attention:
+        if a.kv_lora_rank <= 0:
+            yield f"model.mla.kv_lora_rank={a.kv_lora_rank}: model.arch={m.arch!r} uses latent attention; set it > 0"
+        if m.rope_scaling == "yarn":
+            # DeepSeek's YaRN also scales the softmax (mscale_all_dim), which model/mla.py does not implement.
+            yield f"model.rope_scaling='yarn': model.arch={m.arch!r} (latent attention) supports 'none' or 'llama3'"
     if a.kv_lora_rank < 0 or a.q_lora_rank < 0:
         yield "model.mla.kv_lora_rank and model.mla.q_lora_rank must be >= 0"
     if a.kv_lora_rank > 0:

@@ -77,6 +77,12 @@ def _build_gpt_oss(cfg: ModelConfig, seed: int = 0) -> Any:
     return GptOss(cfg, seed)
 
 
+def _build_deepseek_v3(cfg: ModelConfig, seed: int = 0) -> Any:
+    from scaletrain.model.deepseek_v3 import DeepseekV3  # torch: only when a model is built
+
+    return DeepseekV3(cfg, seed)
+
+
 MODELS: dict[str, ModelSpec] = {
     s.name: s
     for s in (
@@ -103,6 +109,14 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec(
             name="gpt_oss",
             build=_build_gpt_oss,
+            hf_adapter="",
+            hf_class="",
+        ),
+        # DeepSeek-V3: latent attention and MoE; tests/unit/test_deepseek_v3.py maps HF's weights for parity, but
+        # no directory converter yet.
+        ModelSpec(
+            name="deepseek_v3",
+            build=_build_deepseek_v3,
             hf_adapter="",
             hf_class="",
         ),
