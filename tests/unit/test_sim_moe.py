@@ -12,11 +12,39 @@ from scaletrain.model import flops
 from scaletrain.sim.layers import Inventory, ModelShape, shape_of
 
 # The published shapes (Hugging Face config.json of openai/gpt-oss-20b and deepseek-ai/DeepSeek-V3).
-GPT_OSS_20B = dict(layers=24, hidden=2880, heads=64, kv_heads=8, ffn=2880, vocab=201088, head_size=64, experts=32,
-                   top_k=4, expert_ffn=2880, router_bias=True, window=128, window_layers=12)
-DEEPSEEK_V3 = dict(layers=61, hidden=7168, heads=128, kv_heads=128, ffn=18432, vocab=129280, experts=256, top_k=8,
-                   expert_ffn=2048, shared_experts=1, dense_layers=3, q_rank=1536, kv_rank=512, qk_nope=128,
-                   qk_rope=64, v_dim=128)
+GPT_OSS_20B = dict(
+    layers=24,
+    hidden=2880,
+    heads=64,
+    kv_heads=8,
+    ffn=2880,
+    vocab=201088,
+    head_size=64,
+    experts=32,
+    top_k=4,
+    expert_ffn=2880,
+    router_bias=True,
+    window=128,
+    window_layers=12,
+)
+DEEPSEEK_V3 = dict(
+    layers=61,
+    hidden=7168,
+    heads=128,
+    kv_heads=128,
+    ffn=18432,
+    vocab=129280,
+    experts=256,
+    top_k=8,
+    expert_ffn=2048,
+    shared_experts=1,
+    dense_layers=3,
+    q_rank=1536,
+    kv_rank=512,
+    qk_nope=128,
+    qk_rope=64,
+    v_dim=128,
+)
 
 
 @pytest.fixture
@@ -55,8 +83,10 @@ def test_flops_follow_top_k_not_the_expert_count(archs):
 
 def test_dense_leading_layers_are_counted_as_dense(archs):
     s = ModelShape(arch="deepseek_v3", **DEEPSEEK_V3)
-    all_moe, all_dense = Inventory(dataclasses.replace(s, dense_layers=0)), Inventory(
-        dataclasses.replace(s, dense_layers=61))
+    all_moe, all_dense = (
+        Inventory(dataclasses.replace(s, dense_layers=0)),
+        Inventory(dataclasses.replace(s, dense_layers=61)),
+    )
     inv = Inventory(s)
     per_moe = (all_moe.params - inv.params) / 3
     per_dense = (inv.params - all_dense.params) / 58
@@ -83,10 +113,68 @@ def test_mla_attention_widths(archs):
 
 
 def test_trainer_formula_uses_the_inventory_for_moe():
-    cfg = resolve("llama-proxy", overrides=["model.moe.n_experts=8", "model.moe.top_k=2", "model.moe.n_shared=1",
-                                            "model.moe.d_ff_expert=64"]).model
+    cfg = resolve(
+        "llama-proxy",
+        overrides=["model.moe.n_experts=8", "model.moe.top_k=2", "model.moe.n_shared=1", "model.moe.d_ff_expert=64"],
+    ).model
     inv = Inventory(shape_of(cfg))
     assert flops.num_params(cfg) == inv.params and flops.active_params(cfg) == inv.active_params
     assert flops.flops_per_token(cfg) == pytest.approx(inv.flops_per_token(cfg.seq_len))
     dense = resolve("llama-proxy").model
     assert flops.active_params(dense) == Inventory(shape_of(dense)).active_params
+
+
+TINY_MOE = {
+    "gpt-oss-20b": [
+        "model.n_layers=3",
+        "model.d_model=32",
+        "model.n_heads=4",
+        "model.n_kv_heads=2",
+        "model.head_dim=12",
+        "model.vocab_size=300",
+        "model.moe.n_experts=4",
+        "model.moe.top_k=2",
+        "model.moe.d_ff_expert=16",
+        "model.sliding_window=4",
+    ],
+    "deepseek-v3-671b": [
+        "model.n_layers=3",
+        "model.d_model=32",
+        "model.n_heads=4",
+        "model.d_ff=48",
+        "model.vocab_size=300",
+        "model.moe.n_experts=8",
+        "model.moe.n_groups=4",
+        "model.moe.topk_groups=2",
+        "model.moe.top_k=2",
+        "model.moe.d_ff_expert=16",
+        "model.moe.first_dense=1",
+        "model.mla.q_lora_rank=24",
+        "model.mla.kv_lora_rank=16",
+        "model.mla.qk_nope_head_dim=8",
+        "model.mla.qk_rope_head_dim=4",
+        "model.mla.v_head_dim=8",
+    ],
+}
+
+
+@pytest.mark.parametrize("preset", sorted(TINY_MOE))
+def test_inventory_and_trainer_count_the_real_modules(preset):
+    import torch
+
+    from scaletrain.model.build import build_model
+
+    cfg = resolve(preset, overrides=TINY_MOE[preset]).model
+    with torch.device("meta"):
+        model = build_model(cfg)
+    real = sum(p.numel() for p in model.parameters())
+    assert Inventory(shape_of(cfg)).params == real == flops.num_params(cfg)
+
+
+@pytest.mark.parametrize(
+    "preset, total, active", [("gpt-oss-20b", 20.91e9, 3.61e9), ("deepseek-v3-671b", 671.0e9, 36.6e9)]
+)
+def test_presets_counts(preset, total, active):
+    cfg = resolve(preset).model
+    assert flops.num_params(cfg) == pytest.approx(total, abs=0.01e9 if total < 1e11 else 0.1e9)
+    assert flops.active_params(cfg) == pytest.approx(active, abs=0.01e9 if total < 1e11 else 0.1e9)

@@ -72,6 +72,8 @@ class ModelShape:
     """Sliding-window attention span in tokens (GPT-OSS: 128); 0 = every layer attends to the whole sequence."""
     window_layers: int = 0
     """Layers that use the sliding window (GPT-OSS: every other one, 12 of 24)."""
+    sinks: bool = False
+    """A learned attention-sink logit per head and layer (GPT-OSS)."""
 
     @property
     def moe(self) -> bool:
@@ -249,8 +251,8 @@ class Inventory:
             Saved("mlp activation input", "shard", 2 * mlp_in),
         )
         self.norm_params = s.facts.norm_weights * h  # per norm: LayerNorm weight + bias, RMSNorm weight
-        # MLA normalises its two latents too (q only with a query latent).
-        self.extra_norm_params = (s.kv_rank + s.q_rank) if s.mla else 0
+        # Per layer besides the two norms: MLA's latent norms (q only with a query latent), GPT-OSS's sink logits.
+        self.extra_norm_params = ((s.kv_rank + s.q_rank) if s.mla else 0) + (s.heads if s.sinks else 0)
         self.logits = Gemm("logits", s.vocab, h, "col", not lora)
 
     @staticmethod
@@ -465,9 +467,13 @@ def shape_of(m: Any, lora_rank: int = 0, lora_targets: tuple = ("qkv", "proj")) 
             qk_rope=a.qk_rope_head_dim,
             v_dim=a.v_head_dim,
         )
-    window = int(getattr(m, "sliding_window", 0) or 0)  # GPT-OSS alternates sliding-window and full layers
+    window = int(getattr(m, "sliding_window", 0) or 0)
     if window > 0:
-        extra.update(window=window, window_layers=m.n_layers // 2)
+        # model.sliding_window_pattern p: the last of every p layers attends to everything (0: none does).
+        p = int(getattr(m, "sliding_window_pattern", 0) or 0)
+        extra.update(window=window, window_layers=m.n_layers - (m.n_layers // p if p else 0))
+    if getattr(m, "attn_sinks", False):
+        extra.update(sinks=True)
     return ModelShape(
         arch=m.arch,
         layers=m.n_layers,

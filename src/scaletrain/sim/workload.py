@@ -66,6 +66,7 @@ class Workload:
     v_dim: int = 0
     window: int = 0
     window_layers: int = 0
+    sinks: bool = False
 
     @cached_property
     def inventory(self) -> Inventory:
