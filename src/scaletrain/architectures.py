@@ -92,6 +92,20 @@ ARCHITECTURES: dict[str, Architecture] = {
             rope_theta=500000.0,
             rope_scaling="llama3",
         ),
+        # GPT-OSS (OpenAI 2025; HF GptOssForCausalLM): Llama's structure with biased attention projections and
+        # experts, rotary base 150,000 with YaRN scaling; its sinks, sliding windows, clamped SwiGLU and
+        # Mixture-of-Experts MLPs are model config fields (model/gpt_oss.py).
+        Architecture(
+            "gpt_oss",
+            gated_mlp=True,
+            biases=True,
+            norm_weights=1,
+            tied_head=False,
+            learned_positions=False,
+            grouped_kv=True,
+            rope_theta=150000.0,
+            rope_scaling="yarn",
+        ),
         # DeepSeek-V3 (DeepSeek-AI 2024, arXiv:2412.19437): RMSNorm, SwiGLU (dense and per expert), multi-head
         # latent attention with rotary base 10,000 on its decoupled rotary dims, untied head; experts from model.moe.
         Architecture(

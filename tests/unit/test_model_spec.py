@@ -48,7 +48,8 @@ def test_config_accepts_exactly_the_registered_architectures():
     # config validates model.arch before any model code loads, so it keeps the names; they must agree.
     assert architectures.names() == tuple(MODELS)
     with pytest.raises(
-        ValueError, match=r"model.arch='mamba': no model builder \(known: 'gpt3', 'llama', 'llama31', 'deepseek_v3'\)"
+        ValueError,
+        match=r"model.arch='mamba': no model builder \(known: 'gpt3', 'llama', 'llama31', 'gpt_oss', 'deepseek_v3'\)",
     ):
         model_spec("mamba")
 

@@ -150,6 +150,9 @@ def test_bias_update_moves_toward_balance():
     assert counts[3] == 16 and bias[3] == pytest.approx(100.0 - 0.1)  # over-loaded: down
     assert all(bias[e] == pytest.approx(0.1) for e in range(8) if counts[e] < counts.float().mean())  # under: up
     assert layer._pending_counts is None
+    with torch.no_grad():
+        layer.eval()(torch.randn(2, 4, 16))  # evaluation forwards do not count toward balancing
+    assert layer._pending_counts is None
     layer.update_bias(torch.full((8,), 5))  # balanced global counts (as data parallelism passes them): no move
     assert bias[3] == pytest.approx(100.0 - 0.1)
     off = _moe()

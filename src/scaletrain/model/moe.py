@@ -138,13 +138,16 @@ class GroupedExperts(nn.Module):
             if b is not None:
                 nn.init.zeros_(b)
 
-    def _grouped(self, x: torch.Tensor, counts: torch.Tensor) -> bool:
+    def _grouped(self, x: torch.Tensor) -> bool:
         if self.use_grouped_mm is not None:
             return self.use_grouped_mm
-        return x.is_cuda and hasattr(torch, "_grouped_mm")
+        # The CUDA kernel wants bf16 operands and 16-byte-aligned rows (torchtitan's condition too).
+        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
+        aligned = x.shape[-1] % 8 == 0 and self.w_out.shape[-1] % 8 == 0
+        return x.is_cuda and hasattr(torch, "_grouped_mm") and dtype == torch.bfloat16 and aligned
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        if self._grouped(x, counts):
+        if self._grouped(x):
             return self._forward_grouped(x, counts)
         return self._forward_loop(x, counts)
 
@@ -217,8 +220,10 @@ class MoE(nn.Module):
         weights, experts, scores = self.router(x)
         counts = torch.bincount(experts.flatten(), minlength=self.n_experts)
         self.tokens_per_expert = counts.detach()
-        pending = self._pending_counts
-        self._pending_counts = counts.detach() if pending is None else pending + counts.detach()
+        if self.training:  # evaluation must not steer the balancing; a checkpoint recompute counts twice (harmless:
+            # the update reads only which side of the mean each expert is on)
+            pending = self._pending_counts
+            self._pending_counts = counts.detach() if pending is None else pending + counts.detach()
         if self.aux_loss_coef > 0:
             self.aux_loss = self.aux_loss_coef * self.balance_loss(scores, counts)
         else:

@@ -71,6 +71,12 @@ def _build_llama(cfg: ModelConfig, seed: int = 0) -> Any:
     return Llama(cfg, seed)
 
 
+def _build_gpt_oss(cfg: ModelConfig, seed: int = 0) -> Any:
+    from scaletrain.model.gpt_oss import GptOss  # torch: only when a model is built
+
+    return GptOss(cfg, seed)
+
+
 def _build_deepseek_v3(cfg: ModelConfig, seed: int = 0) -> Any:
     from scaletrain.model.deepseek_v3 import DeepseekV3  # torch: only when a model is built
 
@@ -98,6 +104,13 @@ MODELS: dict[str, ModelSpec] = {
             build=_build_llama,
             hf_adapter="llama",
             hf_class="LlamaForCausalLM",
+        ),
+        # No checkpoint converter yet: tests/unit/test_gpt_oss.py maps HF's weights for the parity check.
+        ModelSpec(
+            name="gpt_oss",
+            build=_build_gpt_oss,
+            hf_adapter="",
+            hf_class="",
         ),
         # DeepSeek-V3: latent attention and MoE; tests/unit/test_deepseek_v3.py maps HF's weights for parity, but
         # no directory converter yet.

@@ -81,6 +81,16 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def _rope_json(rope: Rope) -> tuple[dict | None, dict]:
     """HF's rope_scaling (transformers 4.x; None without scaling) and rope_parameters (5.x) of `rope`."""
+    if rope.scaling == "yarn":  # HF Llama computes YaRN with the same function as GPT-OSS (model/llama.py's Rope)
+        yarn = {
+            "rope_type": "yarn",
+            "factor": rope.factor,
+            "beta_fast": rope.beta_fast,
+            "beta_slow": rope.beta_slow,
+            "truncate": rope.truncate,
+            "original_max_position_embeddings": rope.original_seq_len,
+        }
+        return yarn, {**yarn, "rope_theta": rope.theta}
     if rope.scaling != "llama3":
         return None, {"rope_type": "default", "rope_theta": rope.theta}
     scaling = {
