@@ -10,12 +10,13 @@ from scaletrain.config import ModelConfig
 from scaletrain.model.spec import model_spec
 
 if TYPE_CHECKING:
+    from scaletrain.model.deepseek_v3 import DeepseekV3
     from scaletrain.model.gpt import GPT
     from scaletrain.model.llama import Llama
 
 # What parallel/ and checkpoint/ may assume of a built model (cfg, embed, blocks, ln_f, head, head_is_tied). For
 # mypy only: wrappers (FSDP, compile) hand back nn.Module, so callers cast rather than check isinstance.
-Decoder: TypeAlias = "GPT | Llama"
+Decoder: TypeAlias = "GPT | Llama | DeepseekV3"
 
 
 def build_model(cfg: ModelConfig, seed: int = 0) -> nn.Module:
