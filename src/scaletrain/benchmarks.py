@@ -46,7 +46,8 @@ class BenchmarkSpec:
     name: str
     """Official benchmark name: bench.benchmark value, RCP file stem (rcps_<name>.json), results CSV `benchmark`."""
     mllog_constant: str
-    """Attribute of `mlperf_logging.mllog.constants` holding the submission_benchmark value to log."""
+    """Attribute of `mlperf_logging.mllog.constants` holding the submission_benchmark value to log; "" = the package
+    has none, log `name` itself (`submission_benchmark`)."""
     ruleset: str
     """Compliance-checker ruleset (`--ruleset`) and RCP table version its logs are judged by when bench.ruleset is
     empty; "" = the newest the installed mlperf-logging ships for the benchmark (`resolve_ruleset`)."""
@@ -217,7 +218,60 @@ LLAMA31_8B = BenchmarkSpec(
     proxy_base_preset="",
 )
 
-BENCHMARKS: dict[str, BenchmarkSpec] = {b.name: b for b in (GPT3, LLAMA2_70B_LORA, LLAMA31_405B, LLAMA31_8B)}
+DEEPSEEKV3_671B = BenchmarkSpec(
+    name="deepseekv3_671b",
+    mllog_constant="DEEPSEEKV3_671B",
+    ruleset="",  # newest: rulesets 6.0.0-6.1.0, the same closed_deepseekv3_671b.yaml
+    proxy_rules_file="",
+    reference_preset="deepseek-v3-671b",
+    proxy_preset="",
+    arch="deepseek_v3",
+    seq_len=4096,  # closed_deepseekv3_671b.yaml: max_sequence_length == 4096
+    # Not in the rules files: the RCPs' converged counts (rcps_deepseekv3_671b.json, GBS 15,360-18,432) are whole
+    # steps at consecutive counts (45-48): an evaluation every step at every legal GBS (>= 15,360).
+    eval_every_sequences=15_360,
+    eval_tokens=1024 * 4096,  # closed_deepseekv3_671b.yaml: eval_samples == 1024
+    target=3.6,  # closed_deepseekv3_671b.yaml: eval_accuracy <= 3.6
+    runs=3,  # mlperf_logging benchmark_meta.py
+    converge_unit="samples",
+    rcp_key="Epochs to converge",
+    lora=False,
+    eval_skip_gbs_divisor=0,
+    eval_skip_offset=0,
+    calibration_file="",  # no published result yet
+    default_gbs=16384,  # the LR formula's base, an RCP batch size (15,360-18,432)
+    plot_gpu_counts=(256, 512, 1024, 2048, 4096, 8192),
+    proxy_base_preset="",
+)
+
+GPT_OSS_20B = BenchmarkSpec(
+    name="gpt_oss_20b",
+    mllog_constant="",  # mlperf-logging 4.1.68 checks gpt_oss_20b logs but has no mllog constant for the name
+    ruleset="",  # newest: rulesets 6.0.0-6.1.0, the same closed_gpt_oss_20b.yaml
+    proxy_rules_file="",
+    reference_preset="gpt-oss-20b",
+    proxy_preset="",
+    arch="gpt_oss",
+    seq_len=8192,  # closed_gpt_oss_20b.yaml: max_sequence_length == 8192
+    # Not in the rules files: every converged sample count in rcps_gpt_oss_20b.json is a multiple of 12,288.
+    eval_every_sequences=12_288,
+    eval_tokens=1024 * 8192,  # closed_gpt_oss_20b.yaml: eval_samples == 1024
+    target=3.34,  # closed_gpt_oss_20b.yaml: eval_accuracy <= 3.34
+    runs=10,  # mlperf_logging benchmark_meta.py
+    converge_unit="samples",
+    rcp_key="Epochs to converge",
+    lora=False,
+    eval_skip_gbs_divisor=0,
+    eval_skip_offset=0,
+    calibration_file="",  # no published result yet
+    default_gbs=16,  # the RCP reference's (AMD, 1x MI355X); RCPs for 16, 32 and 64
+    plot_gpu_counts=(8, 16, 32, 64, 128),
+    proxy_base_preset="",
+)
+
+BENCHMARKS: dict[str, BenchmarkSpec] = {
+    b.name: b for b in (GPT3, LLAMA2_70B_LORA, LLAMA31_405B, LLAMA31_8B, GPT_OSS_20B, DEEPSEEKV3_671B)
+}
 """Official name -> spec. Read at call time everywhere (never copied at import), so a test can add an entry."""
 
 

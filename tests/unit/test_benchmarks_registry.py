@@ -27,8 +27,13 @@ def test_every_benchmark_resolves_its_presets_rules_and_data(spec):
     assert raw and where.endswith(f"rcps_{version}.csv")
     from scaletrain.sim.results import bundled_results
 
-    assert {r.benchmark for r in bundled_results(spec.name)} == {spec.name}
-    assert spec.has_proxy, f"{spec.name}: every benchmark has a CPU proxy"
+    if spec.calibration_file:  # the MoE benchmarks have no published result yet
+        assert {r.benchmark for r in bundled_results(spec.name)} == {spec.name}
+    else:
+        assert not bundled_results(spec.name)
+    if not spec.has_proxy:  # gpt_oss_20b and deepseekv3_671b: their proxies are still to come (issue 16)
+        assert spec.name in ("gpt_oss_20b", "deepseekv3_671b") and not spec.proxy_rules_file
+        return
     proxy = resolve(spec.proxy_preset)
     assert proxy.bench.benchmark == spec.proxy_name and benchmarks.preset_for(spec.proxy_name) == spec.proxy_preset
     assert benchmarks.get(spec.proxy_name) is spec and benchmarks.is_proxy(spec.proxy_name)
@@ -47,7 +52,8 @@ def test_entries_agree_with_the_mlperf_logging_package():
     from mlperf_logging.benchmark_meta import _ALL_RESULT_FILE_COUNTS
 
     for spec in benchmarks.BENCHMARKS.values():
-        assert getattr(mllog.constants, spec.mllog_constant) == spec.name
+        # gpt_oss_20b has no constant in the package: its logs carry the name (bench.rules.submission_benchmark).
+        assert getattr(mllog.constants, spec.mllog_constant) == spec.name if spec.mllog_constant else spec.name == "gpt_oss_20b"
         assert _ALL_RESULT_FILE_COUNTS["training"][spec.name] == spec.runs
         assert mlperf._package_rcp_file(spec.name, benchmarks.resolve_ruleset(spec.name)) is not None
 
@@ -62,7 +68,7 @@ def test_skip_rule_is_the_training_rules_formula():
 def test_lookups_name_the_known_benchmarks():
     assert benchmarks.names() == (
         "gpt3", "gpt3-proxy", "llama2_70b_lora", "llama2_70b_lora-proxy", "llama31_405b", "llama31_405b-proxy",
-        "llama31_8b", "llama31_8b-proxy",
+        "llama31_8b", "llama31_8b-proxy", "gpt_oss_20b", "deepseekv3_671b",
     )
     with pytest.raises(ValueError, match="unknown benchmark 'llama31_8b-proxy-proxy'"):
         benchmarks.get("llama31_8b-proxy-proxy")

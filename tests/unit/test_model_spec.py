@@ -27,10 +27,9 @@ def test_every_spec_builds_a_model_its_facts_describe(arch):
     spec = model_spec(arch)
     cfg = _tiny(arch)
     model = build_model(cfg, seed=0)
-    # Tied matrices are one Parameter, so parameters() counts them once, like num_params. flops does not count
-    # latent attention or experts yet (test_deepseek_v3.py pins DeepSeek-V3's counts).
-    if not spec.facts.latent_attention:
-        assert sum(p.numel() for p in model.parameters()) == flops.num_params(cfg)
+    # Tied matrices are one Parameter, so parameters() counts them once, like num_params (latent attention and
+    # experts included: flops counts them through the simulator's inventory).
+    assert sum(p.numel() for p in model.parameters()) == flops.num_params(cfg)
     assert model.head_is_tied == spec.facts.tied_head
     assert (getattr(model.embed, "pos", None) is not None) == spec.facts.learned_positions
     block = model.blocks["0"]

@@ -21,7 +21,7 @@ from mlperf_logging.mllog import constants as C
 from scaletrain import benchmarks
 from scaletrain.config import Config
 
-from .rules_common import differs, fixed_recipe_problems
+from .rules_common import differs, fixed_recipe_problems, submission_benchmark
 from .rules_llama31 import follows_llama31, is_llama31, llama31_hparams, llama31_violations
 
 __all__ = [
@@ -35,13 +35,6 @@ __all__ = [
     "official_rule_violations",
     "gradient_accumulation_steps",
 ]
-
-
-def submission_benchmark(name: str) -> str:
-    """What a scaletrain benchmark logs as submission_benchmark: the package's constant for its official name. A
-    proxy logs it too: it follows that benchmark's event protocol, and its own rules file (bench/rules/*_proxy.yaml)
-    accepts exactly that value."""
-    return getattr(C, benchmarks.get(name).mllog_constant)
 
 
 class GPT3:

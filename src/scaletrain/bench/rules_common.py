@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 
+from scaletrain import benchmarks
 from scaletrain.config import Config
+
+from .mllog import C
 
 
 def differs(a: float, b: float) -> bool:
@@ -27,3 +30,11 @@ def fixed_recipe_problems(
     if t.eval_interval_samples != eval_interval:
         out.append(f"train.eval_interval_samples={t.eval_interval_samples}: {name} requires {eval_interval}")
     return out
+
+
+def submission_benchmark(name: str) -> str:
+    """What a scaletrain benchmark logs as submission_benchmark: the package's constant for its official name. A
+    proxy logs it too: it follows that benchmark's event protocol, and its own rules file (bench/rules/*_proxy.yaml)
+    accepts exactly that value."""
+    spec = benchmarks.get(name)
+    return str(getattr(C, spec.mllog_constant)) if spec.mllog_constant else spec.name

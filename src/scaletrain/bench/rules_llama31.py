@@ -15,7 +15,7 @@ from scaletrain import benchmarks
 from scaletrain.config import Config
 
 from .mllog import C
-from .rules_common import fixed_recipe_problems
+from .rules_common import fixed_recipe_problems, submission_benchmark
 
 __all__ = [
     "LLAMA31",
@@ -114,7 +114,7 @@ def llama31_hparams(
     warmup, total = o.warmup_steps(gbs), o.decay_steps(gbs)
     out: list[tuple[str, Any]] = [
         (C.CACHE_CLEAR, True),
-        (C.SUBMISSION_BENCHMARK, getattr(C, benchmarks.get(name).mllog_constant)),
+        (C.SUBMISSION_BENCHMARK, submission_benchmark(name)),
         (C.SUBMISSION_ORG, cfg.bench.org),
         (C.SUBMISSION_DIVISION, cfg.bench.division),
         (C.SUBMISSION_PLATFORM, platform),

@@ -74,6 +74,16 @@ def moe_share(w: Workload) -> float:
     return (w.layers - min(w.dense_layers, w.layers)) / w.layers
 
 
+def _mlp_width(w: Workload, t: int) -> float:
+    """MLP activation width per token on one TP rank, averaged over the layers: the dense d_ff split by TP, or an MoE
+    layer's top-k routed experts (whole, on the rank's sequence shard) plus its shared experts."""
+    if not w.experts:
+        return w.ffn / t
+    share = moe_share(w)
+    moe = (w.top_k * w.expert_ffn + w.shared_experts * w.expert_ffn) / t
+    return share * moe + (1 - share) * w.ffn / t
+
+
 def layer_gemms(w: Workload, layout: ClusterLayout) -> list[tuple[int, int, int]]:
     """(M, N, K) of the forward GEMMs of one layer and micro-batch on one GPU (adapters included), in the order of
     the inventory's `layer` list (sim/layers.py)."""
@@ -116,9 +126,15 @@ def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float, f
     # whole sequence in the LayerNorm/residual regions).
     split = t if layout.sp else 1
     # The MLP activation reads its input and writes its output: GELU f + f, SwiGLU 2f (gate, up) + f, bf16.
-    h_bytes = _ELEMENTWISE_H_BYTES * w.hidden / split + 2 * w.ffn * (3 if w.gated_mlp else 2) / t
+    ffn = _mlp_width(w, t)
+    h_bytes = _ELEMENTWISE_H_BYTES * w.hidden / split + 2 * ffn * (3 if w.gated_mlp else 2)
     if layout.fp8:
-        h_bytes += _FP8_CAST_BYTES * (2 * w.hidden + w.hidden / t + w.ffn / t)
+        h_bytes += _FP8_CAST_BYTES * (2 * w.hidden + w.hidden / t + ffn)
+    if w.experts:
+        # Token permutation around the routed experts, at the MoE layers' share: dispatch gathers top-k copies of
+        # each (sequence-shard) token row into expert order (read and write) and combine scatters the weighted
+        # results back (read and write), bf16.
+        h_bytes += moe_share(w) * 4 * 2 * w.top_k * w.hidden / t
     elem_f = tokens * h_bytes / (gpu.hbm_copy_tbps * TB)
     fwd = gemm_f + attn_f + elem_f
     bwd = gemm_b + attn_b + 2 * elem_f
