@@ -210,4 +210,4 @@ def test_proxy_rules_keep_every_official_requirement():
     assert "'samples_count' in v['metadata']" in proxy["eval_accuracy"]["CHECK"]
     assert proxy["lora_rank"]["CHECK"].strip() == "v['value'] == 16"
     assert "enqueue_config" not in text.split("\n- BEGIN")[1]
-    assert {n for n in known() if n.endswith("-proxy")} == {f"{b}-proxy" for b in benchmarks.BENCHMARKS}
+    assert {n for n in known() if n.endswith("-proxy")} == {s.proxy_name for s in benchmarks.BENCHMARKS.values() if s.has_proxy}

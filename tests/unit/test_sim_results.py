@@ -34,6 +34,9 @@ def _one(**changes) -> str:
 
 def test_every_bundled_row_loads_cleanly():
     for bench, spec in BENCHMARKS.items():
+        if not spec.calibration_file:  # gpt_oss_20b, deepseekv3_671b: no published result yet
+            assert not bundled_results(bench)
+            continue
         text = resources.files("scaletrain.sim").joinpath("data", spec.calibration_file).read_text("utf-8")
         report = load_results(text)
         # The llama31_8b file's HPE H200 row names no config (no tp/cp): skipped as unknown, nothing else.

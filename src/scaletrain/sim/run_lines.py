@@ -37,6 +37,8 @@ def train_overrides(layout: dict) -> list[str]:
         schedule = layout.get("schedule") or ("interleaved_1f1b" if layout["vp"] > 1 else "1f1b")
         out += [f"parallel.pp_virtual={layout['vp']}", f"parallel.pp_schedule={schedule}"]
     out.append(f"parallel.cp={layout['cp']}")
+    if layout.get("ep", 1) > 1:
+        out.append(f"parallel.ep={layout['ep']}")
     if layout["tp"] > 1 and not layout.get("sp", True):
         out.append("parallel.sequence_parallel=false")
     out += [
