@@ -178,3 +178,86 @@ def test_presets_counts(preset, total, active):
     cfg = resolve(preset).model
     assert flops.num_params(cfg) == pytest.approx(total, abs=0.01e9 if total < 1e11 else 0.1e9)
     assert flops.active_params(cfg) == pytest.approx(active, abs=0.01e9 if total < 1e11 else 0.1e9)
+
+
+# ---------------------------------------------------------------- expert parallelism in the step and memory model
+def _cluster(gpus, gpu="h100"):
+    from scaletrain.sim.catalog import load_catalog
+    from scaletrain.sim.comm import Cluster
+
+    return Cluster(*load_catalog().system(gpu, None, None), gpus)
+
+
+def test_all_to_all_inside_a_domain_and_across_nics():
+    cl = _cluster(64)
+    size = 64e6
+    nv, nic = cl.node.nvlink_busbw_gbps * 1e9, cl.fabric.busbw_gbps * 1e9
+    inside = cl.all_to_all(8, size)
+    assert inside == pytest.approx(7 * cl.node.nvlink_alpha_us * 1e-6 + 7 / 8 * size / nv)
+    # 64 ranks over 8 boards: 7/64 of the bytes on NVLink, 56/64 through the GPU's own NIC, at the same time.
+    across = cl.all_to_all(64, size)
+    assert across >= 56 / 64 * size / nic and across == pytest.approx(
+        max(7 * cl.node.nvlink_alpha_us * 1e-6 + 7 / 64 * size / nv,
+            7 * cl.net_alpha_us(8) * 1e-6 + 56 / 64 * size / nic))
+    assert cl.collective("all_to_all", 64, size) == across
+    # An NVL72 rack keeps 64 ranks inside its NVLink domain.
+    gb = _cluster(64, "gb200")
+    assert gb.all_to_all(64, size) < across / 3
+
+
+def _deepseek(overrides=()):
+    from scaletrain.sim.workload import load_workload
+
+    return load_workload("deepseek-v3-671b", tuple(overrides))
+
+
+def test_expert_parallelism_shards_the_experts_state():
+    from scaletrain.sim.memory import memory_per_gpu
+    from scaletrain.sim.workload import ClusterLayout
+
+    w = _deepseek()
+    one = ClusterLayout(gpus=1024, pp=16, gbs=16384, fp8=True, ep=8)
+    many = ClusterLayout(gpus=1024, pp=16, gbs=16384, fp8=True, ep=64)
+    a, b = memory_per_gpu(w, one), memory_per_gpu(w, many)
+    experts = w.inventory.expert_rank_params(61 // 16 + 1, 1)
+    # Going from 8 to 64 expert ranks drops 7/8 - 63/64 of a stage's expert weights (bf16) per GPU.
+    assert a.weights - b.weights == pytest.approx(2 * experts * (1 / 8 - 1 / 64), rel=0.05)
+    assert one.expert_dp == 64 * 1 // 8 and many.expert_dp == 1
+
+
+def test_ep_layout_problems():
+    from scaletrain.sim.workload import ClusterLayout, load_workload
+
+    w = _deepseek()
+    assert "ep=3 does not divide the 256 experts" in ClusterLayout(gpus=96, ep=3, gbs=96).problems(w)[0]
+    assert "does not divide tp*cp*dp=4" in ClusterLayout(gpus=16, pp=4, ep=8, gbs=16).problems(w)[0]
+    dense = load_workload("llama2-70b")
+    assert "needs a Mixture-of-Experts model" in ClusterLayout(gpus=8, ep=2, gbs=8).problems(dense)[0]
+    assert "moe_imbalance" in ClusterLayout(gpus=8, ep=2, gbs=8, moe_imbalance=0.5).problems(w)[-1]
+
+
+def test_all_to_all_and_imbalance_cost_step_time():
+    from scaletrain.sim.efficiency import Efficiency
+    from scaletrain.sim.step import step_time
+    from scaletrain.sim.workload import ClusterLayout
+
+    w = _deepseek()
+    cl = _cluster(1024, "h100")
+    base = ClusterLayout(gpus=1024, pp=16, gbs=16384, fp8=True, ep=64)
+    st = step_time(w, base, cl, Efficiency())
+    assert st.breakdown["ep_exposed"] > 0
+    hidden = step_time(w, base, cl, Efficiency(a2a_exposed=0.0))
+    assert hidden.breakdown["ep_exposed"] == 0 and hidden.step_time_s < st.step_time_s
+    skewed = step_time(w, dataclasses.replace(base, moe_imbalance=1.5), cl, Efficiency())
+    assert skewed.breakdown["compute"] > st.breakdown["compute"] and skewed.breakdown["ep_exposed"] > st.breakdown[
+        "ep_exposed"]
+    dense_keys = step_time(_deepseek(["model.moe.n_experts=0"]), dataclasses.replace(base, ep=1), cl, Efficiency())
+    assert "ep_exposed" not in dense_keys.breakdown
+
+
+def test_plan_searches_expert_parallelism():
+    from scaletrain.sim.plan import plan
+
+    res = plan(_deepseek(), "gb300", 1024, top=2)
+    assert res.best and all(p.layout["ep"] > 1 and p.feasible for p in res.best)
+    assert all(256 % p.layout["ep"] == 0 for p in res.best)
