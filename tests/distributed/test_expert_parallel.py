@@ -1,4 +1,5 @@
-"""Expert parallelism trains exactly like one process (fp32, gloo): EP2, EP4, EP x FSDP and EP x PP on a tiny
+"""Expert parallelism trains exactly like one process (fp32, gloo): EP2, EP4, EP x FSDP, EP x PP, EP x HSDP and
+EP under full activation checkpointing (all-to-alls recomputed in backward) on a tiny
 DeepSeek-V3 (MLA, group-limited sigmoid routing, a shared expert, a dense first layer, aux loss and bias updates)
 and a tiny GPT-OSS (softmax routing, expert biases, clamped SwiGLU), including a router forced onto few experts
 (every token on one EP rank, the other ranks' experts empty).
@@ -85,12 +86,14 @@ def references(corpus_paths, tmp_path_factory):
 CASES_2 = {
     "dsv3_ep2": ("deepseek_v3", False, ["parallel.ep=2"]),
     "gptoss_ep2_forced": ("gpt_oss", True, ["parallel.ep=2"]),
+    "dsv3_ep2_full_ac": ("deepseek_v3", False, ["parallel.ep=2", "parallel.activation_checkpoint=full"]),
 }
 CASES_4 = {
     "dsv3_ep4": ("deepseek_v3", False, ["parallel.ep=4"]),
     "dsv3_ep4_forced": ("deepseek_v3", True, ["parallel.ep=4"]),
     "gptoss_ep2_fsdp2": ("gpt_oss", False, ["parallel.ep=2"]),
     "gptoss_ep2_pp2": ("gpt_oss", False, ["parallel.ep=2", "parallel.pp=2"]),
+    "gptoss_ep2_hsdp": ("gpt_oss", False, ["parallel.ep=2", "parallel.dp_replicate=2", "parallel.dp_shard=2"]),
 }
 
 
