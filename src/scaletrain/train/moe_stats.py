@@ -96,8 +96,8 @@ class MoEStats:
 
     def ignore_pipeline_inference(self, stages: list) -> None:
         """Record nothing while a PipelineStage infers its tensor metadata (wraps its private inference methods,
-        where this torch version has them)."""
-        for stage in stages:
+        where this torch version has them); nothing for a model without MoE layers."""
+        for stage in stages if self.layers else []:
             for name in ("_forward_metadata_inference", "_backward_metadata_inference"):
                 method = getattr(stage, name, None)
                 if method is not None:
