@@ -1,6 +1,6 @@
-"""Expert parallelism trains exactly like one process (fp32, gloo): EP2, EP4, EP x FSDP, EP x PP, EP x HSDP and
-EP under full activation checkpointing (all-to-alls recomputed in backward) on a tiny
-DeepSeek-V3 (MLA, group-limited sigmoid routing, a shared expert, a dense first layer, aux loss and bias updates)
+"""Expert parallelism trains exactly like one process (fp32, gloo): EP2, EP4, EP x FSDP, EP x PP, EP x HSDP, EP
+under full activation checkpointing (all-to-alls recomputed in backward) and EP resumed from a checkpoint, on a
+tiny DeepSeek-V3 (MLA, group-limited sigmoid routing, a shared expert, a dense first layer, aux loss and bias updates)
 and a tiny GPT-OSS (softmax routing, expert biases, clamped SwiGLU), including a router forced onto few experts
 (every token on one EP rank, the other ranks' experts empty).
 
@@ -49,20 +49,29 @@ def _overrides(corpus_paths, model, forced, extra):
             "optim.grad_clip=1.0", *top_k, *fixed, *extra]
 
 
-def train(rank, world_size, corpus_paths, run_dir, model, forced, extra):
-    """STEPS steps of a tiny MoE model under the layout in `extra`; the per-step losses, grad norms, records."""
+def train(rank, world_size, corpus_paths, run_dir, model, forced, extra, resume_at=0):
+    """STEPS steps of a tiny MoE model under the layout in `extra`; the per-step records and expert biases.
+
+    `resume_at` > 0: save a checkpoint after that many steps and finish the run in a new trainer resumed from it.
+    """
     from scaletrain.config import resolve
     from scaletrain.model.moe import moe_layers
     from scaletrain.train.engine import Trainer
     preset = MODELS[model][0]
-    cfg = resolve(preset, overrides=_overrides(corpus_paths, model, forced, extra) + [f"train.run_dir={run_dir}"])
-    trainer = Trainer(cfg, run_dir)
+    overrides = _overrides(corpus_paths, model, forced, extra) + [f"train.run_dir={run_dir}"]
+    trainer = Trainer(resolve(preset, overrides=overrides), run_dir)
     trainer.init()
     if forced:
         for part in trainer.pm.parts:
             for moe in moe_layers(part):
                 moe.router.expert_bias[FORCED[model]] = 1e3
-    out = [trainer.train_step() for _ in range(STEPS)]
+    out = [trainer.train_step() for _ in range(resume_at or STEPS)]
+    if resume_at:
+        path = trainer.save_checkpoint({})
+        trainer.finish({})
+        trainer = Trainer(resolve(preset, overrides=[*overrides, f"checkpoint.resume={path}"]), f"{run_dir}/b")
+        trainer.init()
+        out += [trainer.train_step() for _ in range(STEPS - resume_at)]
     trainer.finish({})
     bias = {i: m.router.expert_bias.tolist() for i, m in trainer.moe.layers}  # this rank's layers (a PP stage's)
     return {"records": out, "layout": trainer.layout.describe(), "bias": bias}
@@ -87,6 +96,7 @@ CASES_2 = {
     "dsv3_ep2": ("deepseek_v3", False, ["parallel.ep=2"]),
     "gptoss_ep2_forced": ("gpt_oss", True, ["parallel.ep=2"]),
     "dsv3_ep2_full_ac": ("deepseek_v3", False, ["parallel.ep=2", "parallel.activation_checkpoint=full"]),
+    "dsv3_ep2_resumed": ("deepseek_v3", False, ["parallel.ep=2"], 2),  # a distributed checkpoint of EP shards
 }
 CASES_4 = {
     "dsv3_ep4": ("deepseek_v3", False, ["parallel.ep=4"]),
@@ -116,7 +126,7 @@ def test_expert_parallel_matches_one_process(world, cases, corpus_paths, referen
     assert forced["moe_tokens_per_expert_min"] == 0  # the forced router really leaves experts empty
     results = run_ranks(run_all, world, corpus_paths, str(tmp_path), cases, timeout=240)
     for rank_result in results:
-        for name, (model, forced, _) in cases.items():
+        for name, (model, forced, *_) in cases.items():
             got = rank_result[name]
             assert f"ep{'4' if 'ep4' in name else '2'}" in got["layout"]
             _compare(name, references[(model, forced)], got)
