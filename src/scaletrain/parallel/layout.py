@@ -12,7 +12,8 @@ Flattened views used by the trainer: "dp" = (dp_replicate, dp_shard) picks each 
 Expert parallelism (ep > 1) borrows ranks rather than adding a dimension (torchtitan's scheme): the dp_shard x cp
 ranks of each (pp, dp_replicate, tp) coordinate are regrouped as (efsdp, ep), ep innermost, in a second
 DeviceMesh ("pp", "dp_replicate", "efsdp", "ep", "tp") over the same ranks. Routed experts are split over "ep"
-and FSDP-sharded over "efsdp" (with "dp_replicate" under HSDP): `mesh["ep"]`, `mesh["efsdp"]`.
+and FSDP-sharded over "efsdp" (with "dp_replicate" under HSDP): `mesh["ep"]`, `mesh["efsdp"]`,
+`mesh["expert_dp"]` (the 2-D (dp_replicate, efsdp) mesh).
 The mesh is an object handed to whoever needs it; nothing here sets a process-group global.
 """
 
