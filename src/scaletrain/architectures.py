@@ -48,6 +48,10 @@ class Architecture:
     latent_attention: bool = False
     """Multi-head latent attention (model/mla.py: low-rank key/value latent with decoupled rotary keys, shaped by
     model.mla) instead of `attn.qkv`; model.mla.kv_lora_rank must then be > 0."""
+    experts: bool = False
+    """Its model code builds Mixture-of-Experts layers from model.moe (others refuse model.moe.n_experts > 0)."""
+    windowed_attention: bool = False
+    """Its attention honours model.sliding_window and model.attn_sinks (others refuse them)."""
 
     @property
     def mlp_matrices(self) -> int:
@@ -105,6 +109,8 @@ ARCHITECTURES: dict[str, Architecture] = {
             grouped_kv=True,
             rope_theta=150000.0,
             rope_scaling="yarn",
+            experts=True,
+            windowed_attention=True,
         ),
         # DeepSeek-V3 (DeepSeek-AI 2024, arXiv:2412.19437): RMSNorm, SwiGLU (dense and per expert), multi-head
         # latent attention with rotary base 10,000 on its decoupled rotary dims, untied head; experts from model.moe.
@@ -118,6 +124,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             grouped_kv=False,
             rope_theta=10000.0,
             latent_attention=True,
+            experts=True,
         ),
     )
 }

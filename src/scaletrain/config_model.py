@@ -202,6 +202,19 @@ def _moe_problems(m: ModelConfig) -> Iterator[str]:
             yield f"model.moe.{name}={getattr(e, name)}: must be >= 0"
 
 
+def _arch_feature_problems(m: ModelConfig) -> Iterator[str]:
+    """Fields the architecture's model code would silently ignore."""
+    if m.arch not in architectures.names():
+        return
+    facts = architectures.get(m.arch)
+    if m.moe.n_experts > 0 and not facts.experts:
+        yield f"model.moe.n_experts={m.moe.n_experts}: model.arch={m.arch!r} has no Mixture-of-Experts layers"
+    if m.mla.kv_lora_rank > 0 and not facts.latent_attention:
+        yield f"model.mla.kv_lora_rank={m.mla.kv_lora_rank}: model.arch={m.arch!r} has no latent attention"
+    if (m.sliding_window > 0 or m.attn_sinks) and not facts.windowed_attention:
+        yield f"model.sliding_window/model.attn_sinks: model.arch={m.arch!r} has no windowed or sink attention"
+
+
 def _mla_problems(m: ModelConfig) -> Iterator[str]:
     a = m.mla
     if m.arch in architectures.names() and architectures.get(m.arch).latent_attention:
@@ -247,5 +260,6 @@ def model_problems(m: ModelConfig) -> Iterator[str]:
             "must be >= 0"
         )
     yield from architectures.rope_problems(m)
+    yield from _arch_feature_problems(m)
     yield from _moe_problems(m)
     yield from _mla_problems(m)

@@ -12,8 +12,9 @@ def test_defaults_are_dense_and_standard_attention():
 
 
 def test_overrides_reach_nested_sections():
-    cfg = resolve("llama-proxy", overrides=["model.moe.n_experts=8", "model.moe.top_k=2", "model.mla.kv_lora_rank=32",
-                                  "model.head_dim=48"])
+    cfg = resolve("deepseek-v3-671b", overrides=["model.moe.n_experts=8", "model.moe.n_groups=1",
+                                                 "model.moe.topk_groups=1", "model.moe.top_k=2",
+                                                 "model.mla.kv_lora_rank=32", "model.head_dim=48"])
     assert (cfg.model.moe.n_experts, cfg.model.moe.top_k, cfg.model.mla.kv_lora_rank) == (8, 2, 32)
     assert cfg.model.head_size == 48
     assert cfg.to_dict()["model"]["moe"]["n_experts"] == 8  # saved into config.json
@@ -35,8 +36,25 @@ def test_overrides_reach_nested_sections():
     ],
 )
 def test_bad_values_name_the_field(overrides, message):
+    preset = "deepseek-v3-671b" if any("mla" in o for o in overrides) else "gpt-oss-20b"
+    if any(o.startswith("model.d_model") for o in overrides):
+        preset = "llama-proxy"
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("+", r"\+")):
-        resolve("llama-proxy", overrides=overrides)
+        resolve(preset, overrides=overrides)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.moe.n_experts=8", "model.arch='llama' has no Mixture-of-Experts layers"),
+        ("model.mla.kv_lora_rank=16", "model.arch='llama' has no latent attention"),
+        ("model.sliding_window=4", "model.arch='llama' has no windowed or sink attention"),
+        ("model.attn_sinks=true", "model.arch='llama' has no windowed or sink attention"),
+    ],
+)
+def test_fields_an_architecture_would_ignore_are_refused(override, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve("llama-proxy", overrides=[override])
 
 
 def test_head_dim_lifts_the_divisibility_rule():

@@ -113,10 +113,7 @@ def test_mla_attention_widths(archs):
 
 
 def test_trainer_formula_uses_the_inventory_for_moe():
-    cfg = resolve(
-        "llama-proxy",
-        overrides=["model.moe.n_experts=8", "model.moe.top_k=2", "model.moe.n_shared=1", "model.moe.d_ff_expert=64"],
-    ).model
+    cfg = resolve("gpt-oss-20b", overrides=TINY_MOE["gpt-oss-20b"]).model
     inv = Inventory(shape_of(cfg))
     assert flops.num_params(cfg) == inv.params and flops.active_params(cfg) == inv.active_params
     assert flops.flops_per_token(cfg) == pytest.approx(inv.flops_per_token(cfg.seq_len))

@@ -44,6 +44,16 @@ class ModelSpec:
         """Why `tp` cannot shard this architecture at shape `m` (column-parallel qkv and fc, row-parallel proj,
         vocabulary-parallel embedding and head), one line each; [] when it can."""
         out = []
+        facts = self.facts
+        if tp > 1 and (facts.latent_attention or facts.windowed_attention or m.moe.n_experts > 0):
+            what = (
+                "latent attention"
+                if facts.latent_attention
+                else "sink/window attention"
+                if (facts.windowed_attention)
+                else "experts"
+            )
+            return [f"parallel.tp={tp}: model.arch={m.arch!r} has no tensor-parallel plan for its {what} yet"]
         if m.n_heads % tp:
             out.append(f"parallel.tp={tp} does not divide model.n_heads={m.n_heads}")
         if self.facts.grouped_kv and m.kv_heads % tp:

@@ -147,6 +147,12 @@ class Layout:
                 + f" = {product}, but the world size is {self.world_size}"
             )
         out += model_spec(m.arch).tp_problems(m, self.tp)  # the architecture's sharding rules
+        facts = model_spec(m.arch).facts
+        if self.cp > 1 and (facts.latent_attention or facts.windowed_attention or m.moe.n_experts > 0):
+            out.append(
+                f"parallel.cp={self.cp}: model.arch={m.arch!r} has no context-parallel attention (latent, sink or "
+                "windowed) and MoE load statistics per context shard yet"
+            )
         if self.cp > 1 and m.seq_len % (2 * self.cp):
             out.append(
                 f"model.seq_len={m.seq_len} does not split into 2*cp={2 * self.cp} equal chunks "
