@@ -81,7 +81,7 @@ def run_lines(model: str, model_sets: list[str], layout: dict, gpu: str, gpus_pe
     }
 
 
-AS_PRICED = ("tp", "pp", "vp", "cp", "dp", "mbs", "gbs", "fp8", "zero", "recompute", "bf16_grads", "schedule")
+AS_PRICED = ("tp", "pp", "vp", "cp", "ep", "dp", "mbs", "gbs", "fp8", "zero", "recompute", "bf16_grads", "schedule")
 """The fields of a priced layout that the trainer's run of it must reproduce for the price to hold."""
 
 
@@ -105,7 +105,8 @@ def plan_run_lines(model: str, model_sets: list[str], layout: dict, gpu: str, gp
         "dp": trained.dp,
         "schedule": trained.pipeline_schedule,
     }
-    differs = [f"{k} {layout[k]}->{as_run[k]}" for k in AS_PRICED if layout.get(k) != as_run[k]]
+    planned = {"ep": 1, **layout}  # dense layouts print no ep
+    differs = [f"{k} {planned[k]}->{as_run[k]}" for k in AS_PRICED if planned.get(k) != as_run[k]]
     if trained.zero_shards != layout["dp"] * layout["cp"] and layout["zero"] == 3:
         differs.append(f"zero_shards {layout['dp'] * layout['cp']}->{trained.zero_shards}")
     return {**out, "run_as_priced": not differs, **({"run_differs": differs} if differs else {})}
