@@ -163,6 +163,10 @@ class ParallelConfig:
     """Pipeline schedule: "gpipe", "1f1b" or "interleaved_1f1b"; micro-batches are train.micro_batch_size."""
     cp: int = 1
     """Context-parallel degree: each rank holds a load-balanced 1/cp of every sequence; attention gathers K/V."""
+    ep: int = 1
+    """Expert-parallel degree (MoE models): each EP rank holds model.moe.n_experts / ep routed experts and tokens
+    reach them by all-to-all. EP borrows ranks of dp_shard x cp (as torchtitan), so ep must divide that product;
+    the experts are FSDP-sharded over the dp_shard x cp / ep ranks that hold the same ones."""
     activation_checkpoint: str = "none"
     """Recompute in backward: "none", "full" (whole blocks) or "selective" (keep matmul/attention outputs)."""
     fsdp_reshard_after_forward: bool = True
@@ -357,11 +361,15 @@ def _problems(c: Config):
         except ValueError as exc:
             yield str(exc)
     p = c.parallel
-    for name in ("dp_replicate", "tp", "pp", "pp_virtual", "cp"):
+    for name in ("dp_replicate", "tp", "pp", "pp_virtual", "cp", "ep"):
         if getattr(p, name) < 1:
             yield f"parallel.{name}={getattr(p, name)}: must be >= 1"
     if p.dp_shard == 0 or p.dp_shard < -1:
         yield f"parallel.dp_shard={p.dp_shard}: must be >= 1, or -1 for the rest of the world size"
+    if p.ep > 1 and m.moe.n_experts == 0:
+        yield f"parallel.ep={p.ep}: expert parallelism needs an MoE model (model.moe.n_experts is 0: dense)"
+    elif p.ep > 1 and m.moe.n_experts % p.ep:
+        yield f"parallel.ep={p.ep}: must divide model.moe.n_experts={m.moe.n_experts}"
     if p.pp_schedule not in PP_SCHEDULES:
         yield f"parallel.pp_schedule={p.pp_schedule!r}: must be one of {list(PP_SCHEDULES)}"
     k = c.checkpoint

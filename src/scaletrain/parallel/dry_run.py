@@ -58,6 +58,8 @@ def _examine(cfg: Config, layout: Layout, rank: int) -> tuple[list, list, dict]:
     try:
         mesh = layout.build_mesh("cpu")
         coords = {name: mesh[name].get_local_rank() for name in ("pp", "dp_replicate", "dp_shard", "cp", "tp")}
+        if layout.ep > 1:
+            coords["ep"] = mesh["ep"].get_local_rank()
         parts, ids = build_meta_parts(cfg, layout, coords["pp"])
         shards = []
         for part in parts:
@@ -127,10 +129,19 @@ def dry_run(cfg: Config, world_size: int, device: str = "h100") -> dict:
             }
             for r in reports
         ],
+        "experts": _experts(cfg, layout),
         "max_memory_gib": worst,
         "fits": worst <= usable_gib,
     }
     return result
+
+
+def _experts(cfg: Config, layout: Layout) -> dict | None:
+    """Routed experts per MoE layer, per EP rank, and the ranks FSDP shards each EP rank's experts over."""
+    n = cfg.model.moe.n_experts
+    if not n:
+        return None
+    return {"per_layer": n, "ep": layout.ep, "per_ep_rank": n // layout.ep, "fsdp_ranks": layout.efsdp}
 
 
 def check_fits(result: dict) -> None:

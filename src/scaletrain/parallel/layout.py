@@ -8,6 +8,12 @@ inside an NVLink domain, and pipeline parallelism spans the slowest):
 Flattened views used by the trainer: "dp" = (dp_replicate, dp_shard) picks each rank's data slice;
 "dp_shard_cp" = (dp_shard, cp) is what FSDP shards over (context-parallel ranks hold the same weights);
 "dp_cp" = (dp_replicate, dp_shard, cp) is where gradients and losses are summed.
+
+Expert parallelism (ep > 1) borrows ranks rather than adding a dimension (torchtitan's scheme): the dp_shard x cp
+ranks of each (pp, dp_replicate, tp) coordinate are regrouped as (efsdp, ep), ep innermost, in a second
+DeviceMesh ("pp", "dp_replicate", "efsdp", "ep", "tp") over the same ranks. Routed experts are split over "ep"
+and FSDP-sharded over "efsdp" (with "dp_replicate" under HSDP): `mesh["ep"]`, `mesh["efsdp"]`,
+`mesh["expert_dp"]` (the 2-D (dp_replicate, efsdp) mesh).
 The mesh is an object handed to whoever needs it; nothing here sets a process-group global.
 """
 
@@ -20,6 +26,7 @@ from scaletrain.model.spec import model_spec
 from scaletrain.sim.workload import chunk_layers
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+EXPERT_MESH_DIMS = ("pp", "dp_replicate", "efsdp", "ep", "tp")
 
 
 class LayoutError(ConfigError):
@@ -46,6 +53,7 @@ class Layout:
     cp: int = 1
     pp_schedule: str = "1f1b"
     sequence_parallel: bool = True
+    ep: int = 1
 
     @classmethod
     def from_config(cls, cfg: Config, world_size: int) -> Layout:
@@ -72,6 +80,7 @@ class Layout:
             cp=p.cp,
             pp_schedule=p.pp_schedule,
             sequence_parallel=p.sequence_parallel,
+            ep=p.ep,
         )
         layout.validate(cfg)
         return layout
@@ -120,6 +129,8 @@ class Layout:
                 if name == "tp" and self.sequence_parallel:
                     extra = "(sp)"
                 parts.append(f"{name}{deg}{extra}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
         return " x ".join(parts or ["single"]) + f" = {self.world_size} rank{'s' if self.world_size > 1 else ''}"
 
     # ------------------------------------------------------------------ checks
@@ -159,6 +170,7 @@ class Layout:
                 f"pp x pp_virtual = {self.num_stages} stages divide neither model.n_layers={m.n_layers} nor "
                 f"{m.n_layers} + 2 (the embedding and the loss counted as a layer each, as Megatron can)"
             )
+        out += self._ep_problems(cfg)
         gbs, mbs = t.global_batch_size, t.micro_batch_size
         if gbs % self.dp:
             out.append(f"train.global_batch_size={gbs} is not a multiple of the data-parallel size {self.dp}")
@@ -177,6 +189,31 @@ class Layout:
             elif self.pp_schedule == "interleaved_1f1b" and n_micro % self.pp:
                 out.append(f"interleaved 1F1B: {n_micro} micro-batches per step must be a multiple of pp={self.pp}")
         return out
+
+    def _ep_problems(self, cfg: Config) -> list[str]:
+        n = cfg.model.moe.n_experts
+        if self.ep == 1:
+            return []
+        if self.ep < 1:
+            return [f"parallel.ep={self.ep}: must be >= 1"]
+        if n == 0:
+            return [f"parallel.ep={self.ep}: expert parallelism needs an MoE model (model.moe.n_experts is 0: dense)"]
+        out = []
+        if n % self.ep:
+            out.append(f"parallel.ep={self.ep}: must divide model.moe.n_experts={n}")
+        if (self.dp_shard * self.cp) % self.ep:
+            out.append(
+                f"parallel.ep={self.ep}: must divide dp_shard x cp = {self.dp_shard * self.cp} (expert parallelism "
+                f"borrows the data-parallel shard and context ranks)"
+            )
+        if self.tp > 1:
+            out.append(f"parallel.ep={self.ep} with parallel.tp={self.tp}: expert parallelism with TP is not supported")
+        return out
+
+    @property
+    def efsdp(self) -> int:
+        """Ranks holding the same routed experts, over which FSDP shards them: dp_shard x cp / ep."""
+        return self.dp_shard * self.cp // self.ep
 
     def validate(self, cfg: Config) -> Layout:
         """Raise LayoutError listing every problem (one per line); return self when there is none."""
@@ -200,6 +237,14 @@ class Layout:
             "dp_shard_cp": root[("dp_shard", "cp")]._flatten(mesh_dim_name="dp_shard_cp"),
             "dp_cp": root[("dp_replicate", "dp_shard", "cp")]._flatten(mesh_dim_name="dp_cp"),
         }
+        if self.ep > 1:
+            from torch.distributed.device_mesh import DeviceMesh
+
+            # The same ranks regrouped: dp_shard x cp (dp_shard major, as in the root mesh) split into (efsdp, ep).
+            shape = (self.pp, self.dp_replicate, self.efsdp, self.ep, self.tp)
+            experts = DeviceMesh(device_type, root.mesh.reshape(shape), mesh_dim_names=EXPERT_MESH_DIMS)
+            flat.update({name: experts[name] for name in ("ep", "efsdp")})
+            flat["expert_dp"] = experts[("dp_replicate", "efsdp")]
         return ParallelMesh(root, flat)
 
 

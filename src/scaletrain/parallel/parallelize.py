@@ -1,8 +1,8 @@
-"""Build this rank's part of the model for a layout: meta build, pipeline cut, then TP, CP, AC, compile, FSDP/DDP.
+"""Build this rank's part of the model for a layout: meta build, pipeline cut, then TP, CP, EP, AC, compile, FSDP/DDP.
 
 The order is torchtitan's: module swaps on the plain model first (LoRA adapters, FP8 linears), tensor parallelism
 next (it rewrites parameters into DTensors on the tp mesh), then
-context parallelism (swaps the attention core), activation checkpointing (wraps blocks), per-block
+context parallelism (swaps the attention core), expert parallelism (shards routed experts over "ep"), activation checkpointing (wraps blocks), per-block
 torch.compile, and data parallelism last (FSDP shards whatever the earlier steps produced). Only then is memory
 allocated, shard by shard, and filled by the layout-independent init, so no rank ever holds the full model.
 """
@@ -72,7 +72,7 @@ def build_meta_parts(cfg: Config, layout: Layout, pp_rank: int) -> tuple[list[nn
 
 
 def parallelize_part(part: nn.Module, cfg: Config, layout: Layout, mesh) -> None:
-    """Apply LoRA, FP8, TP, CP, activation checkpointing, compile and data parallelism to one part, in that order."""
+    """Apply LoRA, FP8, TP, CP, EP, activation checkpointing, compile and data parallelism to one part, in order."""
     if cfg.lora.rank > 0:
         # A structure change, so first (torchtitan's order); freezes every non-adapter parameter.
         from scaletrain.model.lora import apply_lora
@@ -95,6 +95,10 @@ def parallelize_part(part: nn.Module, cfg: Config, layout: Layout, mesh) -> None
         from scaletrain.parallel.context_parallel import apply_context_parallel
 
         apply_context_parallel(part, mesh["cp"])
+    if mesh is not None and layout.ep > 1:
+        from scaletrain.parallel.expert_parallel import apply_expert_parallel
+
+        apply_expert_parallel(part, mesh["ep"])
     apply_activation_checkpoint(part, cfg.parallel.activation_checkpoint)
     if cfg.train.compile:
         blocks = cast("Decoder", part).blocks
@@ -108,6 +112,14 @@ def parallelize_part(part: nn.Module, cfg: Config, layout: Layout, mesh) -> None
         return
     dp_mesh = mesh["dp_shard_cp"] if kind == "fsdp" else mesh[("dp_replicate", "dp_shard_cp")]
     param_dtype = torch.bfloat16 if cfg.train.dtype == "bf16" else None
+    if layout.ep > 1:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        from scaletrain.parallel.expert_parallel import expert_fsdp
+
+        mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        expert_mesh = mesh["efsdp"] if kind == "fsdp" else mesh["expert_dp"]
+        expert_fsdp(part, expert_mesh, mp, cfg.parallel.fsdp_reshard_after_forward)
     apply_fsdp(part, dp_mesh, param_dtype, cfg.parallel.fsdp_reshard_after_forward)
 
 

@@ -37,6 +37,7 @@ def sim_layout(cfg: Config, layout: Layout) -> tuple[Workload, ClusterLayout]:
         bf16_grads=False,
         schedule=layout.pp_schedule if layout.pp > 1 else "",
         shard_group=layout.dp_shard * layout.cp if layout.data_parallel_kind == "hsdp" else 0,
+        ep=layout.ep,
     )
     return workload_from_config(cfg), cluster
 

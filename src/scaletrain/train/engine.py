@@ -30,6 +30,7 @@ from scaletrain.train.distributed import init_distributed, local_rank
 from scaletrain.train.grad_norm import align_grad_placements, clip_grads_, total_grad_norm
 from scaletrain.train.host import check_host_memory, peak_memory_gib, setup_cpu
 from scaletrain.train.metrics import MetricsLogger
+from scaletrain.train.moe_stats import MoEStats
 from scaletrain.train.optim import build_optimizer, lr_at, set_lr
 from scaletrain.train.protocol import NonFiniteLoss
 from scaletrain.train.signals import StopSignals
@@ -142,8 +143,13 @@ class Trainer:
         self.pm, self.schedule = parallelize(
             self.cfg, self.layout, self.mesh, self.device, self.seed, loss_fn=self._pipeline_loss
         )
+        self.moe = MoEStats(
+            self.pm.parts, self.cfg.model.n_layers, self.cfg.model.moe.n_experts, self.accum, self.device
+        )
+        self.moe.ignore_pipeline_inference(self.pm.stages)
         self.optimizers = self._build_optimizers()
         self._warm_up()
+        self.moe.reset()
         # Reset: the init is a pure function of (seed, name, index), so re-running it restores the exact
         # cold-start weights; fresh optimizers drop the warm-up's moments.
         with torch.no_grad():
@@ -208,6 +214,7 @@ class Trainer:
             opt.step()
             opt.zero_grad(set_to_none=True)
         self._fp8_scales(trainable_only=True)
+        moe_record = self.moe.finish_step(self.world_size, self._tp_rank0, self.accum * self.layout.dp_cp)
         self.step = step_number
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -225,6 +232,7 @@ class Trainer:
             "model_tflops_per_device": tokens_per_s * self.flops_per_token / 1e12 / self.world_size,
             "peak_mem_gib": peak_memory_gib(self.device),
             "world_size": self.world_size,  # what `sim calibrate RUN_DIR` prices the run at
+            **moe_record,  # MoE models only: router statistics (train/moe_stats.py)
         }
         if self.peak is not None:
             record["gpu"] = self.peak[0]  # the catalog key (sim/hardware/gpus.toml)
@@ -306,6 +314,7 @@ class Trainer:
         self.cp_rank = m["cp"].get_local_rank() if m is not None else 0
         tp_rank = m["tp"].get_local_rank() if m is not None else 0
         pp_rank = m["pp"].get_local_rank() if m is not None else 0
+        self._tp_rank0 = tp_rank == 0
         # Exactly one rank per (dp, cp) coordinate reports each loss: tensor-parallel peers hold the same value
         # and only the last pipeline rank has one.
         self._reports_loss = tp_rank == 0 and pp_rank == self.layout.pp - 1

@@ -134,6 +134,12 @@ def print_dry_run(result: dict, console: Console | None = None) -> None:
         f"[bold]dry run[/bold] {result['layout']} ({result['data_parallel']}), "
         f"{result['world_size']:,} ranks, {result['device']} {result['device_memory_gib']:.1f} GiB"
     )
+    experts = result.get("experts")
+    if experts:
+        console.print(
+            f"  routed experts: {experts['per_ep_rank']} of {experts['per_layer']} per layer on each of ep="
+            f"{experts['ep']} ranks, FSDP-sharded over {experts['fsdp_ranks']} ranks"
+        )
     for r in result["ranks"]:
         table = Table(title=f"rank {r['rank']} {r['coords']} stages {r['stages']}")
         for col in ("parameter", "global shape", "local shard", "count"):
