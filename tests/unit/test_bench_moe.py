@@ -185,3 +185,12 @@ def test_scripted_submission_passes_the_rcp_checker(tmp_path, name, gbs, evals):
     logs = scripted_submission(cfg, tmp_path, evals, dp_size=8, platform="8xTEST", eval_samples=1024)
     rcp = check_rcp(logs, name)
     assert rcp.ok and "RCP test PASSED" in rcp.output, rcp.output
+
+
+def test_expert_parallel_degree_is_disclosed():
+    from scaletrain.bench.rules import mllog_hparams
+
+    cfg = _config("deepseekv3_671b", None, "parallel.ep=8")
+    logged = dict(mllog_hparams(cfg, 1024, "64xTEST", dp_size=64))
+    assert logged["expert_parallelism"] == 8 and logged["moe_aux_loss_coeff"] == 0.01
+    assert dict(mllog_hparams(_config("gpt_oss_20b"), 1024, "8xTEST", dp_size=8))["expert_parallelism"] == 1

@@ -205,7 +205,8 @@ def disclosure_hparams(cfg: Config) -> list[tuple[str, Any]]:
 
     Lowest precisions: linear layers FP8 under train.fp8, else the compute dtype; attention runs in the compute
     dtype; communication is the compute dtype (FSDP gathers bf16 parameters and TP/CP/PP move bf16 activations,
-    gradients are reduced in fp32). No expert parallelism; the run's config is its config.json.
+    gradients are reduced in fp32). expert_parallelism is parallel.ep (1 without MoE); the run's config is its
+    config.json.
     """
     dtype = "bfloat16" if cfg.train.dtype == "bf16" else "fp32"
     p = cfg.parallel
@@ -216,7 +217,7 @@ def disclosure_hparams(cfg: Config) -> list[tuple[str, Any]]:
         (C.TENSOR_PARALLELISM, p.tp),
         (C.PIPELINE_PARALLELISM, p.pp),
         (C.CONTEXT_PARALLELISM, p.cp),
-        (C.EXPERT_PARALLELISM, 1),
+        (C.EXPERT_PARALLELISM, p.ep),
         (C.MICRO_BATCH_SIZE, cfg.train.micro_batch_size),
         (C.CONFIG_FILENAME, "config.json"),
     ]
