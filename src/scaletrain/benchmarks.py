@@ -90,12 +90,18 @@ class BenchmarkSpec:
     target) and caches as <data dir>/<preset>-base when checkpoint.init_from is empty; "" = trains from scratch."""
     extra_calibration_files: tuple[str, ...] = ()
     """More published results in scaletrain/sim/data/ (other rounds, other column layouts), used with calibration_file."""
+    eval_skip_samples: int = 0
+    """More evaluations not run at the start: floor(this / GBS) (added to eval_skip_gbs_divisor's and the offset)."""
+    eval_skip_min_gbs: int = 0
+    """No evaluation is skipped below this GBS: a rule stated for the legal batch sizes only, which would skip
+    hundreds of evaluations at a CPU proxy's (which follows its benchmark's cadence rules); 0 = any GBS."""
 
     def skipped_evals(self, gbs: int) -> int:
         """Evaluations not run (nor logged) at the start of a run at global batch size `gbs`."""
-        if not self.eval_skip_gbs_divisor:
+        if not (self.eval_skip_gbs_divisor or self.eval_skip_samples) or gbs < self.eval_skip_min_gbs:
             return 0
-        return gbs // self.eval_skip_gbs_divisor + self.eval_skip_offset
+        skip = self.eval_skip_offset + self.eval_skip_samples // gbs
+        return skip + (gbs // self.eval_skip_gbs_divisor if self.eval_skip_gbs_divisor else 0)
 
     @property
     def proxy_needs_base(self) -> bool:
@@ -222,13 +228,14 @@ DEEPSEEKV3_671B = BenchmarkSpec(
     name="deepseekv3_671b",
     mllog_constant="DEEPSEEKV3_671B",
     ruleset="",  # newest: rulesets 6.0.0-6.1.0, the same closed_deepseekv3_671b.yaml
-    proxy_rules_file="",
+    proxy_rules_file="deepseekv3_671b_proxy.yaml",
     reference_preset="deepseek-v3-671b",
-    proxy_preset="",
+    proxy_preset="deepseek-v3-671b-proxy",
     arch="deepseek_v3",
     seq_len=4096,  # closed_deepseekv3_671b.yaml: max_sequence_length == 4096
     # Not in the rules files: the RCPs' converged counts (rcps_deepseekv3_671b.json, GBS 15,360-18,432) are whole
-    # steps at consecutive counts (45-48): an evaluation every step at every legal GBS (>= 15,360).
+    # steps at consecutive counts (45-48): an evaluation every step at every legal GBS (>= 15,360). 6.1.0's
+    # FIRST_CHECK puts the first at step floor(42 + 24576 / GBS): 41 + 24576 // GBS evaluations skipped.
     eval_every_sequences=15_360,
     eval_tokens=1024 * 4096,  # closed_deepseekv3_671b.yaml: eval_samples == 1024
     target=3.6,  # closed_deepseekv3_671b.yaml: eval_accuracy <= 3.6
@@ -237,20 +244,22 @@ DEEPSEEKV3_671B = BenchmarkSpec(
     rcp_key="Epochs to converge",
     lora=False,
     eval_skip_gbs_divisor=0,
-    eval_skip_offset=0,
+    eval_skip_offset=41,  # with eval_skip_samples: floor(42 + 24576 / GBS) - 1 at every legal GBS
     calibration_file="",  # no published result yet
     default_gbs=16384,  # the LR formula's base, an RCP batch size (15,360-18,432)
     plot_gpu_counts=(256, 512, 1024, 2048, 4096, 8192),
     proxy_base_preset="",
+    eval_skip_samples=24576,
+    eval_skip_min_gbs=15360,  # closed_deepseekv3_671b.yaml: global_batch_size >= 15360
 )
 
 GPT_OSS_20B = BenchmarkSpec(
     name="gpt_oss_20b",
     mllog_constant="",  # mlperf-logging 4.1.68 checks gpt_oss_20b logs but has no mllog constant for the name
     ruleset="",  # newest: rulesets 6.0.0-6.1.0, the same closed_gpt_oss_20b.yaml
-    proxy_rules_file="",
+    proxy_rules_file="gpt_oss_20b_proxy.yaml",
     reference_preset="gpt-oss-20b",
-    proxy_preset="",
+    proxy_preset="gpt-oss-20b-proxy",
     arch="gpt_oss",
     seq_len=8192,  # closed_gpt_oss_20b.yaml: max_sequence_length == 8192
     # Not in the rules files: every converged sample count in rcps_gpt_oss_20b.json is a multiple of 12,288.

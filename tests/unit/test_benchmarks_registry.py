@@ -31,9 +31,6 @@ def test_every_benchmark_resolves_its_presets_rules_and_data(spec):
         assert {r.benchmark for r in bundled_results(spec.name)} == {spec.name}
     else:
         assert not bundled_results(spec.name)
-    if not spec.has_proxy:  # gpt_oss_20b and deepseekv3_671b: their proxies are still to come (issue 16)
-        assert spec.name in ("gpt_oss_20b", "deepseekv3_671b") and not spec.proxy_rules_file
-        return
     proxy = resolve(spec.proxy_preset)
     assert proxy.bench.benchmark == spec.proxy_name and benchmarks.preset_for(spec.proxy_name) == spec.proxy_preset
     assert benchmarks.get(spec.proxy_name) is spec and benchmarks.is_proxy(spec.proxy_name)
@@ -63,12 +60,19 @@ def test_skip_rule_is_the_training_rules_formula():
     for gbs in range(1, 300):
         assert lora.skipped_evals(gbs) == int(0.125 * gbs + 2)  # FLOOR(0.125*global_batch_size+2)
         assert benchmarks.BENCHMARKS["gpt3"].skipped_evals(gbs) == 0
+    # deepseekv3_671b 6.1.0: the first evaluation (every step) at step floor(42 + 24576 / GBS), at GBS >= 15,360;
+    # none skipped at a proxy's batch size.
+    dsv3 = benchmarks.DEEPSEEKV3_671B
+    for gbs in (15360, 16384, 18432, 24576, 24577, 49152):
+        assert dsv3.skipped_evals(gbs) + 1 == int(42 + 24576 / gbs)
+    assert dsv3.skipped_evals(32) == dsv3.skipped_evals(15359) == 0
 
 
 def test_lookups_name_the_known_benchmarks():
     assert benchmarks.names() == (
         "gpt3", "gpt3-proxy", "llama2_70b_lora", "llama2_70b_lora-proxy", "llama31_405b", "llama31_405b-proxy",
-        "llama31_8b", "llama31_8b-proxy", "gpt_oss_20b", "deepseekv3_671b",
+        "llama31_8b", "llama31_8b-proxy", "gpt_oss_20b", "gpt_oss_20b-proxy", "deepseekv3_671b",
+        "deepseekv3_671b-proxy",
     )
     with pytest.raises(ValueError, match="unknown benchmark 'llama31_8b-proxy-proxy'"):
         benchmarks.get("llama31_8b-proxy-proxy")

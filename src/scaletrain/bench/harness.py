@@ -10,9 +10,9 @@ TOKENS since the start checkpoint (steps * GBS * seq_len), which the RCP checker
 llama2_70b_lora: the same cadence, but the first floor(0.125*GBS + 2) evaluations are neither run nor logged (the
 first block is that much longer; train/schedule.py); every event carries `samples_count` = training samples since
 run_start (steps * GBS), which the RCP checker reads as "samples to converge"; train_samples/eval_samples are the
-dataset sizes, logged at init. llama31_405b / llama31_8b: gpt3's cadence (nothing skipped) with lora's
-`samples_count` metadata; eval_samples (validation sequences) at init, train_samples (samples trained) at the end,
-the keys bench/rules_llama31.py lists. Time to train = run_stop - run_start: the loop's own clock, which stamps both events.
+dataset sizes, logged at init. llama31_405b / llama31_8b / gpt_oss_20b / deepseekv3_671b: gpt3's cadence (but
+deepseekv3_671b's skipped first evaluations at ruleset 6.1.0) with lora's `samples_count` metadata; eval_samples
+(validation sequences) at init, train_samples (samples trained) at the end, the keys bench/rules_pretrain.py lists. Time to train = run_stop - run_start: the loop's own clock, which stamps both events.
 
 A stop signal (the loop saves and raises Preempted) logs nothing: no block_stop or run_stop, and result.json says
 "preempted". Each checkpoint records the log's length (`mllog_bytes`); a resume truncates the log there (just after

@@ -22,7 +22,9 @@ from scaletrain import benchmarks
 from scaletrain.config import Config
 
 from .rules_common import differs, fixed_recipe_problems, submission_benchmark
-from .rules_llama31 import follows_llama31, is_llama31, llama31_hparams, llama31_violations
+from .rules_llama31 import is_llama31, llama31_violations
+from .rules_moe import is_moe_benchmark, moe_violations
+from .rules_pretrain import follows_pretrain, pretrain_hparams
 
 __all__ = [
     "GPT3",
@@ -122,7 +124,8 @@ def mllog_hparams(
     gpt3: `eval_samples` is the validation label-token count (the reference logs 11,590,004 tokens under this key);
     train_samples is logged at run end by the harness. llama2_70b_lora: `eval_samples` and `train_samples` are the
     validation and training dataset sizes in sequences (reference: 173 and 3901), both logged here. llama31_405b,
-    llama31_8b (bench/rules_llama31.py): `eval_samples` is the validation set in sequences (5760, 1024).
+    llama31_8b, gpt_oss_20b, deepseekv3_671b (bench/rules_pretrain.py): `eval_samples` is the validation set in
+    sequences (5760, 1024, 1024, 1024).
     `platform` is submission_platform; `dp_size` is the data-parallel degree for gradient_accumulation_steps.
     cache_clear comes first: the harness logs it before init_start, the rest inside the init phase.
     """
@@ -133,9 +136,9 @@ def mllog_hparams(
         raise ValueError("submission_platform must not be empty (the checker rejects '')")
     if is_lora(cfg):
         return _lora_hparams(cfg, eval_samples, train_samples, platform, dp_size)
-    if follows_llama31(b.benchmark):
+    if follows_pretrain(b.benchmark):
         accumulation = gradient_accumulation_steps(cfg, dp_size)
-        return llama31_hparams(cfg, eval_samples, platform, accumulation, disclosure_hparams(cfg))
+        return pretrain_hparams(cfg, eval_samples, platform, accumulation, disclosure_hparams(cfg))
     gbs = cfg.train.global_batch_size
     o = cfg.optim
     return [
@@ -202,7 +205,8 @@ def disclosure_hparams(cfg: Config) -> list[tuple[str, Any]]:
 
     Lowest precisions: linear layers FP8 under train.fp8, else the compute dtype; attention runs in the compute
     dtype; communication is the compute dtype (FSDP gathers bf16 parameters and TP/CP/PP move bf16 activations,
-    gradients are reduced in fp32). No expert parallelism; the run's config is its config.json.
+    gradients are reduced in fp32). expert_parallelism is parallel.ep (1 without MoE); the run's config is its
+    config.json.
     """
     dtype = "bfloat16" if cfg.train.dtype == "bf16" else "fp32"
     p = cfg.parallel
@@ -213,7 +217,7 @@ def disclosure_hparams(cfg: Config) -> list[tuple[str, Any]]:
         (C.TENSOR_PARALLELISM, p.tp),
         (C.PIPELINE_PARALLELISM, p.pp),
         (C.CONTEXT_PARALLELISM, p.cp),
-        (C.EXPERT_PARALLELISM, 1),
+        (C.EXPERT_PARALLELISM, p.ep),
         (C.MICRO_BATCH_SIZE, cfg.train.micro_batch_size),
         (C.CONFIG_FILENAME, "config.json"),
     ]
@@ -222,13 +226,15 @@ def disclosure_hparams(cfg: Config) -> list[tuple[str, Any]]:
 def official_rule_violations(cfg: Config) -> list[str]:
     """Closed-division rules `cfg` breaks that the compliance checker cannot see; [] when compliant.
 
-    Only the official benchmarks (gpt3, llama2_70b_lora, llama31_405b, llama31_8b: bench/rules_llama31.py) have such
-    rules: proxies scale model, data and target by design.
+    Only the official benchmarks (gpt3, llama2_70b_lora, llama31_405b, llama31_8b: bench/rules_llama31.py,
+    gpt_oss_20b, deepseekv3_671b: bench/rules_moe.py) have such rules: proxies scale model, data and target by design.
     """
     if cfg.bench.benchmark == "llama2_70b_lora":
         return _lora_violations(cfg)
     if is_llama31(cfg.bench.benchmark):
         return llama31_violations(cfg)
+    if is_moe_benchmark(cfg.bench.benchmark):
+        return moe_violations(cfg)
     if cfg.bench.benchmark != "gpt3":
         return []
     m, o, t = cfg.model, cfg.optim, cfg.train

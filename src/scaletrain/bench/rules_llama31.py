@@ -1,5 +1,5 @@
 """Closed-division rules of MLPerf Training llama31_405b and llama31_8b (docs/benchmarks.md sections 2a-2b): the
-init-phase MLLOG keys their rules files require, and the rules the compliance checker cannot see.
+rules the compliance checker cannot see (the init-phase MLLOG keys their rules files require: bench/rules_pretrain.py).
 
 Every constant here is read off mlperf-logging 4.1.68: compliance_checker/training_<r>/closed_llama31_*.yaml (the
 checks), rcp_checker/training_<r>/rcps_llama31_*.json (the batch sizes with reference convergence points) and
@@ -9,22 +9,18 @@ benchmark_meta.py (runs); tests/unit/test_bench_llama31.py compares them with th
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from scaletrain import benchmarks
 from scaletrain.config import Config
 
-from .mllog import C
-from .rules_common import fixed_recipe_problems, submission_benchmark
+from .rules_common import fixed_recipe_problems
 
 __all__ = [
     "LLAMA31",
     "LLAMA31_405B",
     "LLAMA31_405B_PROXY",
     "LLAMA31_8B",
-    "follows_llama31",
     "is_llama31",
-    "llama31_hparams",
     "llama31_violations",
 ]
 
@@ -95,51 +91,6 @@ _RULES: dict[str, type[LLAMA31_405B] | type[LLAMA31_8B]] = {"llama31_405b": LLAM
 def is_llama31(benchmark: str) -> bool:
     """True for the official llama31_405b and llama31_8b (their proxies follow their own rules files)."""
     return benchmark in _RULES
-
-
-def follows_llama31(benchmark: str) -> bool:
-    """True for llama31_405b, llama31_8b and their proxies: the runs that log the Llama 3.1 init keys."""
-    return benchmark in benchmarks.names() and benchmarks.get(benchmark).name in _RULES
-
-
-def llama31_hparams(
-    cfg: Config, eval_samples: int, platform: str, accumulation: int, disclosure: list[tuple[str, Any]]
-) -> list[tuple[str, Any]]:
-    """The init-phase keys of closed_llama31_*.yaml + closed_common.yaml + common.yaml, cache_clear first: the
-    hyperparameters at cfg's GBS, gradient_accumulation_steps (`accumulation`), the validation set size in sequences
-    (eval_samples; train_samples is logged at run end), init_checkpoint_step (405B) or max_steps (8B), 6.1.0's
-    disclosure keys (`disclosure`: rules.disclosure_hparams) and the seed. Called by rules.mllog_hparams."""
-    name = cfg.bench.benchmark
-    gbs, o = cfg.train.global_batch_size, cfg.optim
-    warmup, total = o.warmup_steps(gbs), o.decay_steps(gbs)
-    out: list[tuple[str, Any]] = [
-        (C.CACHE_CLEAR, True),
-        (C.SUBMISSION_BENCHMARK, submission_benchmark(name)),
-        (C.SUBMISSION_ORG, cfg.bench.org),
-        (C.SUBMISSION_DIVISION, cfg.bench.division),
-        (C.SUBMISSION_PLATFORM, platform),
-        (C.GLOBAL_BATCH_SIZE, gbs),
-        (C.MAX_SEQUENCE_LENGTH, cfg.model.seq_len),
-        (C.OPT_NAME, LLAMA31.OPT_NAME),
-        (C.OPT_BASE_LR, o.lr),
-        (C.OPT_END_LR, float(f"{o.lr * o.end_lr_ratio:.12g}")),  # 8e-06, not 8.000000000000001e-06
-        (C.OPT_LR_WARMUP_STEPS, warmup),
-        # The rules count decay after warm-up: the cosine spans total - warm-up steps.
-        (C.OPT_LR_DECAY_STEPS, total - warmup),
-        (C.OPT_LR_DECAY_SCHEDULE, LLAMA31.DECAY_SCHEDULE),
-        (C.OPT_ADAMW_BETA_1, o.beta1),
-        (C.OPT_ADAMW_BETA_2, o.beta2),
-        (C.OPT_ADAMW_EPSILON, o.eps),
-        (C.OPT_ADAMW_WEIGHT_DECAY, o.weight_decay),
-        (C.OPT_GRADIENT_CLIP_NORM, o.grad_clip),
-        (C.GRADIENT_ACCUMULATION_STEPS, accumulation),
-        (C.EVAL_SAMPLES, int(eval_samples)),
-    ]
-    if _RULES[benchmarks.get(name).name] is LLAMA31_405B:
-        out.append((C.INIT_CHECKPOINT_STEP, o.init_checkpoint_step(gbs)))
-    else:
-        out.append(("max_steps", total))  # closed_llama31_8b.yaml checks it; mllog has no constant for it
-    return [*out, *disclosure, (C.SEED, cfg.train.seed)]
 
 
 def llama31_violations(cfg: Config) -> list[str]:
