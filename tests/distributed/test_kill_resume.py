@@ -171,7 +171,9 @@ def reference_2rank(excerpt_corpus, tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("kill_rank,after", [(1, 1), (0, 3)], ids=["rank1-after-1st-ckpt", "rank0-after-3rd-ckpt"])
+# One restart case (rank 0, the rendezvous host, after the 3rd checkpoint); the twenty-SIGKILL test above covers
+# kills at every phase. A rank-1-after-1st-checkpoint case went to keep the suite within its CI time.
+@pytest.mark.parametrize("kill_rank,after", [(0, 3)], ids=["rank0-after-3rd-ckpt"])
 def test_torchrun_restarts_a_killed_rank_and_resumes(excerpt_corpus, tmp_path, reference_2rank, kill_rank, after):
     ref_records, ref = reference_2rank
     assert ref["status"] == "success" and ref["steps"] == 26  # guards TARGET against numerical drift

@@ -61,8 +61,9 @@ def _compare(ref, got, what):
 LAYOUTS_2 = {
     "ddp": ["parallel.dp_replicate=2", "parallel.dp_shard=1"],
     "fsdp": ["parallel.dp_shard=2"],
+    # TP without sequence parallelism runs in test_lora_layouts.py (tp_no_sp) and full activation checkpointing in
+    # test_fp8_layouts.py (tp2_cp2_full_ac) and tests/e2e/test_activation_checkpoint.py.
     "tp_sp": ["parallel.tp=2"],
-    "tp_no_sp_full_ac": ["parallel.tp=2", "parallel.sequence_parallel=false", "parallel.activation_checkpoint=full"],
     "pp_gpipe": ["parallel.pp=2", "parallel.pp_schedule=gpipe"],
     "pp_1f1b": ["parallel.pp=2", "parallel.pp_schedule=1f1b"],
     "pp_interleaved": ["parallel.pp=2", "parallel.pp_virtual=2", "parallel.pp_schedule=interleaved_1f1b"],

@@ -223,7 +223,11 @@ def test_gradients_match_transformers(pair):
         "model.layers.2.mlp.shared_experts.down_proj.weight": "blocks.2.mlp.shared.proj.weight",
     }
     for theirs, mine in pairs.items():
-        torch.testing.assert_close(our_params[mine].grad, hf_params[theirs].grad, rtol=1e-4, atol=1e-4, msg=mine)
+        ref = hf_params[theirs].grad
+        # fp32 sums in another order (thread count, flush-to-zero set by earlier in-process runs): the embedding's
+        # rows sum dozens of contributions up to ~300, so the absolute tolerance follows each gradient's scale.
+        atol = 1e-4 * max(1.0, float(ref.abs().max()) / 10)
+        torch.testing.assert_close(our_params[mine].grad, ref, rtol=1e-4, atol=atol, msg=mine)
 
 
 def test_meta_build_then_init_equals_a_direct_build():
