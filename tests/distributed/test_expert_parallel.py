@@ -1,5 +1,5 @@
-"""Expert parallelism trains exactly like one process (fp32, gloo): EP2, EP4, EP x FSDP, EP x PP, EP x HSDP, EP
-under full activation checkpointing (all-to-alls recomputed in backward) and EP resumed from a checkpoint, on a
+"""Expert parallelism trains exactly like one process (fp32, gloo): EP2, EP4, EP x FSDP, EP x PP, EP x HSDP, EP x TP
+(sequence-parallel routing, with and without FSDP), EP under full activation checkpointing (all-to-alls recomputed in backward) and EP resumed from a checkpoint, on a
 tiny DeepSeek-V3 (MLA, group-limited sigmoid routing, a shared expert, a dense first layer, aux loss and bias updates)
 and a tiny GPT-OSS (softmax routing, expert biases, clamped SwiGLU), including a router forced onto few experts
 (every token on one EP rank, the other ranks' experts empty).
@@ -97,6 +97,7 @@ CASES_2 = {
     "gptoss_ep2_forced": ("gpt_oss", True, ["parallel.ep=2"]),
     "dsv3_ep2_full_ac": ("deepseek_v3", False, ["parallel.ep=2", "parallel.activation_checkpoint=full"]),
     "dsv3_ep2_resumed": ("deepseek_v3", False, ["parallel.ep=2"], 2),  # a distributed checkpoint of EP shards
+    "gptoss_tp2_ep2_forced": ("gpt_oss", True, ["parallel.tp=2", "parallel.ep=2"]),  # sinks split by head
 }
 CASES_4 = {
     "dsv3_ep4": ("deepseek_v3", False, ["parallel.ep=4"]),
@@ -104,6 +105,7 @@ CASES_4 = {
     "gptoss_ep2_fsdp2": ("gpt_oss", False, ["parallel.ep=2"]),
     "gptoss_ep2_pp2": ("gpt_oss", False, ["parallel.ep=2", "parallel.pp=2"]),
     "gptoss_ep2_hsdp": ("gpt_oss", False, ["parallel.ep=2", "parallel.dp_replicate=2", "parallel.dp_shard=2"]),
+    "gptoss_fsdp2_tp2_ep2": ("gpt_oss", False, ["parallel.tp=2", "parallel.ep=2"]),  # experts FSDP over 2 too
 }
 
 

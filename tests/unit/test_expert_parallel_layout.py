@@ -45,16 +45,34 @@ def test_bad_ep_in_the_config(preset, over, needle):
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("world,over,needle", [
-    (4, ["parallel.ep=8"], "parallel.ep=8: must divide dp_shard x cp = 4"),
-    (2, ["parallel.ep=2", "parallel.dp_replicate=2"], "parallel.ep=2: must divide dp_shard x cp = 1"),
-    (4, ["parallel.ep=2", "parallel.tp=2"], "expert parallelism with TP is not supported"),
-    (4, ["parallel.tp=2"], "parallel.tp=2: model.arch='deepseek_v3' has no tensor-parallel plan for its latent"),
+TINY_GPT_OSS = ["model.n_layers=2", "model.d_model=32", "model.n_heads=4", "model.n_kv_heads=2", "model.head_dim=8",
+                "model.moe.n_experts=4", "model.moe.top_k=2", "model.moe.d_ff_expert=16", "model.seq_len=16",
+                "train.global_batch_size=16", "train.micro_batch_size=2"]
+
+
+@pytest.mark.parametrize("model,world,over,needle", [
+    ("dsv3", 4, ["parallel.ep=8"], "parallel.ep=8: must divide dp_shard x cp x tp = 4"),
+    ("dsv3", 2, ["parallel.ep=2", "parallel.dp_replicate=2"], "parallel.ep=2: must divide dp_shard x cp x tp = 1"),
+    ("dsv3", 4, ["parallel.tp=2"], "parallel.tp=2: model.arch='deepseek_v3' has no tensor-parallel plan for its"),
+    ("gpt_oss", 4, ["parallel.tp=2"], "parallel.tp=2 with MoE layers needs parallel.ep a multiple of tp"),
+    ("gpt_oss", 8, ["parallel.tp=4", "parallel.ep=2"], "parallel.ep=2 with parallel.tp=4: ep must be a multiple of"),
+    ("gpt_oss", 4, ["parallel.tp=2", "parallel.ep=2", "parallel.sequence_parallel=false"],
+     "parallel.tp=2 with MoE layers needs parallel.sequence_parallel=true"),
 ])
-def test_bad_ep_in_the_layout(world, over, needle):
+def test_bad_ep_in_the_layout(model, world, over, needle):
     with pytest.raises(LayoutError) as err:
-        moe_layout(world, *over)
+        if model == "dsv3":
+            moe_layout(world, *over)
+        else:
+            Layout.from_config(resolve("gpt-oss-20b", overrides=[*TINY_GPT_OSS, *over]), world)
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_ep_borrows_tp_ranks():
+    """Under TP the experts' group holds whole tp groups: EP 4 x TP 2 on 8 ranks shards experts over the 4 ranks of
+    two dp_shard coordinates' tp pairs, FSDP over the other 2."""
+    lay = Layout.from_config(resolve("gpt-oss-20b", overrides=[*TINY_GPT_OSS, "parallel.tp=2", "parallel.ep=4"]), 8)
+    assert (lay.dp_shard, lay.tp, lay.ep, lay.efsdp) == (4, 2, 4, 2)
 
 
 def test_dry_run_deepseek_v3_671b_on_1024_gb300_with_ep64(capsys):

@@ -43,7 +43,7 @@ def test_aux_loss_gradient_is_the_mean_over_micro_batches_and_stats_count_each_f
         hooked(batches[0])
     for (name, a), b in zip(hooked.named_parameters(), plain.parameters()):
         assert a.grad is not None and torch.allclose(a.grad, b.grad, atol=1e-6), name
-    record = stats.finish_step(world_size=1, counted=True, units=2)
+    record = stats.finish_step(world_size=1, units=2)
     assert abs(record["moe_aux_loss"] - sum(auxes) / 2) < 1e-6
     per_expert = counts.sum(0)
     assert record["moe_tokens_per_expert_min"] == per_expert.min()
@@ -53,11 +53,11 @@ def test_aux_loss_gradient_is_the_mean_over_micro_batches_and_stats_count_each_f
     for i, m in enumerate(moe_layers(hooked)):
         expected = 0.1 * torch.sign(counts[i].mean() - counts[i])
         assert torch.allclose(m.router.expert_bias, expected)
-    assert stats.finish_step(world_size=1, counted=True, units=2) == {"moe_aux_loss": 0.0}  # reset after a step
+    assert stats.finish_step(world_size=1, units=2) == {"moe_aux_loss": 0.0}  # reset after a step
 
 
 def test_dense_model_has_no_stats():
     cfg = resolve("gpt3-proxy", overrides=["model.n_layers=2", "model.d_model=32", "model.n_heads=4"]).model
     model = build_model(cfg)
     stats = MoEStats([model], cfg.n_layers, cfg.moe.n_experts, accum=1, device=torch.device("cpu"))
-    assert not stats.active and stats.finish_step(world_size=1, counted=True, units=1) == {}
+    assert not stats.active and stats.finish_step(world_size=1, units=1) == {}

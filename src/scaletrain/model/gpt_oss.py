@@ -99,8 +99,8 @@ class Attention(nn.Module):
             if self.core is not causal_attention:  # a swapped core (context parallelism) would be bypassed
                 raise NotImplementedError("a replaced attention core with attention sinks or a sliding window")
             sinks = self.sinks
-            if sinks is not None and sinks.shape[0] != q.shape[1]:  # a tensor-parallel shard: its heads' sinks
-                raise NotImplementedError("attention sinks under tensor parallelism")
+            if sinks is not None and hasattr(sinks, "to_local"):  # tensor parallel: this rank's heads' sinks
+                sinks = sinks.to_local()
             out = sink_attention(q, k, v, self.window, sinks)
         return self.proj(out.transpose(1, 2).reshape(b, s, -1))
 

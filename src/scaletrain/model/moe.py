@@ -87,10 +87,14 @@ class Router(nn.Module):
 
     def scores(self, x: torch.Tensor) -> torch.Tensor:
         """Router scores [tokens, n_experts] in fp32: softmax over the experts, or a sigmoid per expert."""
+        weight, bias = self.gate_params()
         with torch.autocast(device_type=x.device.type, enabled=False):
-            bias = self.gate.bias.float() if self.gate.bias is not None else None
-            logits = F.linear(x.float(), self.gate.weight.float(), bias)
+            logits = F.linear(x.float(), weight.float(), bias.float() if bias is not None else None)
         return logits.softmax(dim=-1) if self.score_func == "softmax" else logits.sigmoid()
+
+    def gate_params(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The gate's weight and bias as the scores use them (tensor parallelism swaps in local views)."""
+        return self.gate.weight, self.gate.bias
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(weights [tokens, top_k] fp32, experts [tokens, top_k] int64, scores [tokens, n_experts] fp32)."""
@@ -277,10 +281,10 @@ class MoE(nn.Module):
         flat = x.reshape(-1, shape[-1])
         weights, experts = self.route(flat)
         rows, counts, token, weight = self.dispatch(flat, weights, experts)
-        out = self.combine(self.experts(rows, counts), token, weight, flat.shape[0])
-        if self.shared is not None:
-            out = out + self.shared(flat)
-        return out.view(shape)
+        out = self.combine(self.experts(rows, counts), token, weight, flat.shape[0]).view(shape)
+        if self.shared is not None:  # on x's own shape: tensor parallelism shards it like a dense MLP
+            out = out + self.shared(x)
+        return out
 
     @torch.no_grad()
     def update_bias(self, counts: torch.Tensor | None = None) -> None:

@@ -42,25 +42,23 @@ class ModelSpec:
 
     def tp_problems(self, m: ModelConfig, tp: int) -> list[str]:
         """Why `tp` cannot shard this architecture at shape `m` (column-parallel qkv and fc, row-parallel proj,
-        vocabulary-parallel embedding and head), one line each; [] when it can."""
+        vocabulary-parallel embedding and head, attention sinks split by head; routed experts are not split by tp:
+        parallel/layout.py's expert-parallel rules), one line each; [] when it can."""
         out = []
         facts = self.facts
-        if tp > 1 and (facts.latent_attention or facts.windowed_attention or m.moe.n_experts > 0):
-            what = (
-                "latent attention"
-                if facts.latent_attention
-                else "sink/window attention"
-                if (facts.windowed_attention)
-                else "experts"
-            )
-            return [f"parallel.tp={tp}: model.arch={m.arch!r} has no tensor-parallel plan for its {what} yet"]
+        if tp > 1 and facts.latent_attention:
+            return [f"parallel.tp={tp}: model.arch={m.arch!r} has no tensor-parallel plan for its latent attention yet"]
         if m.n_heads % tp:
             out.append(f"parallel.tp={tp} does not divide model.n_heads={m.n_heads}")
         if self.facts.grouped_kv and m.kv_heads % tp:
             # qkv's tensor-parallel shard must hold whole key/value groups (model/llama.py's row order).
             out.append(f"parallel.tp={tp} does not divide the key/value heads {m.kv_heads} (model.n_kv_heads)")
-        if m.ffn_size % tp:
+        moe = m.moe
+        if (moe.n_experts == 0 or moe.first_dense > 0) and m.ffn_size % tp:
             out.append(f"parallel.tp={tp} does not divide the MLP width {m.ffn_size}")
+        shared = moe.n_shared * (moe.d_ff_expert or m.ffn_size)
+        if moe.n_experts and shared % tp:  # shared experts are column/row-parallel like a dense MLP
+            out.append(f"parallel.tp={tp} does not divide the shared experts' width {shared}")
         if m.padded_vocab % tp:
             out.append(
                 f"parallel.tp={tp} does not divide the padded vocabulary {m.padded_vocab} "

@@ -16,7 +16,9 @@ only, so routing, the auxiliary loss, capacity and `combine` stay the one-proces
 - Gradients: an expert's gradient sums the tokens of all ep ranks, so it must be divided by the whole dp x cp
   world (as every other gradient), while FSDP divides it by the (dp_replicate x) efsdp ranks alone. torchtitan
   sets FSDP's gradient divide factor; that uses a PREMUL_SUM reduction gloo lacks, so here the local weights'
-  gradients are scaled by 1/ep on their way back instead (exact for powers of two).
+  gradients are scaled by efsdp / (dp_shard x cp) = tp / ep on their way back instead (exact for powers of two):
+  1/ep without tensor parallelism; with it, the tp ranks of an ep group hold shards of the same sequences, whose
+  gradients add up rather than average.
 
 Apply after tensor parallelism and before activation checkpointing, compile and FSDP (parallelize.py).
 """
@@ -93,6 +95,7 @@ class ExpertParallelExperts(GroupedExperts):
     (rows sorted by global expert, counts [n_experts] -> rows in the same order) and adds the all-to-alls."""
 
     ep_group: dist.ProcessGroup
+    grad_scale: float
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         group = self.ep_group
@@ -108,7 +111,7 @@ class ExpertParallelExperts(GroupedExperts):
         src_expert = torch.arange(ep * n_local, device=x.device).view(ep, n_local).flatten()
         owner = src_expert.remainder(n_local).repeat_interleave(recv.flatten().to(x.device))
         order = owner.argsort(stable=True)
-        local = _LocalExperts(self, 1.0 / ep)
+        local = _LocalExperts(self, self.grad_scale)
         if rows.shape[0]:
             y = local.forward(rows[order], recv.sum(0))
         else:
@@ -121,8 +124,9 @@ class ExpertParallelExperts(GroupedExperts):
         return all_to_all_rows(y[back], in_splits, out_splits, group)
 
 
-def apply_expert_parallel(model: nn.Module, ep_mesh) -> None:
-    """Shard every MoE layer's routed experts of `model` (meta or real) over the 1-D `ep_mesh` (module docstring)."""
+def apply_expert_parallel(model: nn.Module, ep_mesh, tp: int = 1) -> None:
+    """Shard every MoE layer's routed experts of `model` (meta or real) over the 1-D `ep_mesh` (module docstring);
+    `tp` is the tensor-parallel degree whose ranks the ep group holds whole."""
     from torch.distributed.tensor import Shard, distribute_tensor
 
     for moe in moe_layers(model):
@@ -132,6 +136,7 @@ def apply_expert_parallel(model: nn.Module, ep_mesh) -> None:
             experts.register_parameter(name, sharded)
         experts.__class__ = ExpertParallelExperts
         experts.ep_group = ep_mesh.get_group()
+        experts.grad_scale = tp / ep_mesh.size()
 
 
 def expert_fsdp(model: nn.Module, expert_dp_mesh, mp_policy, reshard_after_forward: bool) -> None:

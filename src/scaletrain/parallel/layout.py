@@ -9,11 +9,13 @@ Flattened views used by the trainer: "dp" = (dp_replicate, dp_shard) picks each 
 "dp_shard_cp" = (dp_shard, cp) is what FSDP shards over (context-parallel ranks hold the same weights);
 "dp_cp" = (dp_replicate, dp_shard, cp) is where gradients and losses are summed.
 
-Expert parallelism (ep > 1) borrows ranks rather than adding a dimension (torchtitan's scheme): the dp_shard x cp
-ranks of each (pp, dp_replicate, tp) coordinate are regrouped as (efsdp, ep), ep innermost, in a second
-DeviceMesh ("pp", "dp_replicate", "efsdp", "ep", "tp") over the same ranks. Routed experts are split over "ep"
-and FSDP-sharded over "efsdp" (with "dp_replicate" under HSDP): `mesh["ep"]`, `mesh["efsdp"]`,
-`mesh["expert_dp"]` (the 2-D (dp_replicate, efsdp) mesh).
+Expert parallelism (ep > 1) borrows ranks rather than adding a dimension (torchtitan's scheme with its expert
+tensor-parallel degree 1): the dp_shard x cp x tp ranks of each (pp, dp_replicate) coordinate are regrouped as
+(efsdp, ep), ep innermost, in a second DeviceMesh ("pp", "dp_replicate", "efsdp", "ep") over the same ranks. Under
+tensor parallelism each tp rank routes its own sequence shard (sequence parallelism), so ep must hold whole tp
+groups (a multiple of tp) and experts are never split inside a tp group. Routed experts are split over "ep" and
+FSDP-sharded over "efsdp" (with "dp_replicate" under HSDP): `mesh["ep"]`, `mesh["efsdp"]`, `mesh["expert_dp"]`
+(the 2-D (dp_replicate, efsdp) mesh).
 The mesh is an object handed to whoever needs it; nothing here sets a process-group global.
 """
 
@@ -26,7 +28,7 @@ from scaletrain.model.spec import model_spec
 from scaletrain.sim.workload import chunk_layers
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-EXPERT_MESH_DIMS = ("pp", "dp_replicate", "efsdp", "ep", "tp")
+EXPERT_MESH_DIMS = ("pp", "dp_replicate", "efsdp", "ep")
 
 
 class LayoutError(ConfigError):
@@ -198,28 +200,50 @@ class Layout:
 
     def _ep_problems(self, cfg: Config) -> list[str]:
         n = cfg.model.moe.n_experts
+        if n and self.tp > 1:
+            # Each tp rank routes its own sequence shard: the shards need sequence parallelism, and the experts'
+            # gradients summing over tp ranks need them in the ep group (below).
+            moe_tp = (
+                []
+                if self.sequence_parallel
+                else [
+                    f"parallel.tp={self.tp} with MoE layers needs parallel.sequence_parallel=true (each tensor-parallel "
+                    "rank routes its own sequence shard)"
+                ]
+            )
+            if self.ep == 1:
+                return moe_tp + [
+                    f"parallel.tp={self.tp} with MoE layers needs parallel.ep a multiple of tp (experts are not "
+                    "tensor-parallel; the tp ranks' tokens reach them by all-to-all)"
+                ]
+        else:
+            moe_tp = []
         if self.ep == 1:
             return []
         if self.ep < 1:
             return [f"parallel.ep={self.ep}: must be >= 1"]
         if n == 0:
             return [f"parallel.ep={self.ep}: expert parallelism needs an MoE model (model.moe.n_experts is 0: dense)"]
-        out = []
+        out = moe_tp
         if n % self.ep:
             out.append(f"parallel.ep={self.ep}: must divide model.moe.n_experts={n}")
-        if (self.dp_shard * self.cp) % self.ep:
+        borrowed = self.dp_shard * self.cp * self.tp
+        if borrowed % self.ep:
             out.append(
-                f"parallel.ep={self.ep}: must divide dp_shard x cp = {self.dp_shard * self.cp} (expert parallelism "
-                f"borrows the data-parallel shard and context ranks)"
+                f"parallel.ep={self.ep}: must divide dp_shard x cp x tp = {borrowed} (expert parallelism borrows the "
+                f"data-parallel shard, context and tensor-parallel ranks)"
             )
-        if self.tp > 1:
-            out.append(f"parallel.ep={self.ep} with parallel.tp={self.tp}: expert parallelism with TP is not supported")
+        if self.tp > 1 and self.ep % self.tp:
+            out.append(
+                f"parallel.ep={self.ep} with parallel.tp={self.tp}: ep must be a multiple of tp (each tensor-parallel "
+                f"rank routes its own sequence shard, so the experts' group holds whole tp groups)"
+            )
         return out
 
     @property
     def efsdp(self) -> int:
-        """Ranks holding the same routed experts, over which FSDP shards them: dp_shard x cp / ep."""
-        return self.dp_shard * self.cp // self.ep
+        """Ranks holding the same routed experts, over which FSDP shards them: dp_shard x cp x tp / ep."""
+        return self.dp_shard * self.cp * self.tp // self.ep
 
     def validate(self, cfg: Config) -> Layout:
         """Raise LayoutError listing every problem (one per line); return self when there is none."""
@@ -246,8 +270,9 @@ class Layout:
         if self.ep > 1:
             from torch.distributed.device_mesh import DeviceMesh
 
-            # The same ranks regrouped: dp_shard x cp (dp_shard major, as in the root mesh) split into (efsdp, ep).
-            shape = (self.pp, self.dp_replicate, self.efsdp, self.ep, self.tp)
+            # The same ranks regrouped: dp_shard x cp x tp (dp_shard major, tp innermost, as in the root mesh) split
+            # into (efsdp, ep); ep a multiple of tp keeps each tp group inside one ep group.
+            shape = (self.pp, self.dp_replicate, self.efsdp, self.ep)
             experts = DeviceMesh(device_type, root.mesh.reshape(shape), mesh_dim_names=EXPERT_MESH_DIMS)
             flat.update({name: experts[name] for name in ("ep", "efsdp")})
             flat["expert_dp"] = experts[("dp_replicate", "efsdp")]

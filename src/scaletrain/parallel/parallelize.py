@@ -98,7 +98,7 @@ def parallelize_part(part: nn.Module, cfg: Config, layout: Layout, mesh) -> None
     if mesh is not None and layout.ep > 1:
         from scaletrain.parallel.expert_parallel import apply_expert_parallel
 
-        apply_expert_parallel(part, mesh["ep"])
+        apply_expert_parallel(part, mesh["ep"], layout.tp)
     apply_activation_checkpoint(part, cfg.parallel.activation_checkpoint)
     if cfg.train.compile:
         blocks = cast("Decoder", part).blocks

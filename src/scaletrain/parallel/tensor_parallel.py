@@ -102,17 +102,18 @@ def _sublayer_plan(block: nn.Module, sub: str, col: str, row: str, residual) -> 
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = True) -> None:
-    """Shard `model` (a GPT or Llama, or a pipeline stage of one) over the 1-D `tp_mesh` in place.
+    """Shard `model` (a GPT, Llama or GPT-OSS, or a pipeline stage of one) over the 1-D `tp_mesh` in place.
 
     Llama has the same module names (fused `attn.qkv` in whole KV groups, fused SwiGLU `mlp.fc` with gate and
     up rows interleaved, see model/llama.py), so one plan fits both: its RMSNorms take the LayerNorms' place
     and its untied head is column-parallel like the tied one.
 
     FP8 linears (model/fp8.py, converted before) take torchao's Float8 styles where they can (`_fp8_styles`).
-    Keeps the output layer tied to the embedding when the module holds both. Inputs stay plain tensors:
+    MoE MLPs route each rank's sequence shard (parallel/moe_tensor_parallel.py); GPT-OSS's attention sinks are
+    split by head with the heads. Keeps the output layer tied to the embedding when the module holds both. Inputs stay plain tensors:
     token ids replicated, hidden states between pipeline stages as each rank's local sequence shard (SP) or whole.
     """
-    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleOutput,
@@ -139,10 +140,15 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = T
         plan["ln_f"] = SequenceParallel() if sequence_parallel else ReplicateParallel()
         plan["head"] = ColwiseParallel(input_layouts=residual, output_layouts=Shard(-1), use_local_output=False)
     parallelize_module(model, tp_mesh, plan)
+    from scaletrain.model.moe import MoE
+    from scaletrain.parallel.moe_tensor_parallel import moe_block_plan, shard_moe_routing
+
     for block in model.blocks.values():
-        block_plan: dict[str, ParallelStyle] = {}
-        for sub, col, row in (("attn", "qkv", "proj"), ("mlp", "fc", "proj")):
-            block_plan.update(_sublayer_plan(block, sub, col, row, residual))
+        block_plan = _sublayer_plan(block, "attn", "qkv", "proj", residual)
+        if isinstance(block.get_submodule("mlp"), MoE):
+            block_plan.update(moe_block_plan(block, residual, _sublayer_plan))
+        else:
+            block_plan.update(_sublayer_plan(block, "mlp", "fc", "proj", residual))
         if sequence_parallel:
             block_plan["ln1"] = SequenceParallel()
             block_plan["ln2"] = SequenceParallel()
@@ -151,6 +157,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = T
             block_plan["ln1"] = ReplicateParallel()
             block_plan["ln2"] = ReplicateParallel()
         parallelize_module(block, tp_mesh, block_plan)
+        sinks = getattr(block.get_submodule("attn"), "sinks", None)
+        if sinks is not None:  # one logit per head: each rank keeps its heads' (model/gpt_oss.py)
+            block.get_submodule("attn").sinks = nn.Parameter(distribute_tensor(sinks.data, tp_mesh, [Shard(0)]))
+    shard_moe_routing(model, tp_mesh)
     if tied:
         # Both styles sharded the same [vocab, d] matrix along the vocabulary; re-point the head at the one copy.
         assert model.head is not None and model.embed is not None  # tied: both exist

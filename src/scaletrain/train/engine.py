@@ -214,7 +214,7 @@ class Trainer:
             opt.step()
             opt.zero_grad(set_to_none=True)
         self._fp8_scales(trainable_only=True)
-        moe_record = self.moe.finish_step(self.world_size, self._tp_rank0, self.accum * self.layout.dp_cp)
+        moe_record = self.moe.finish_step(self.world_size, self.accum * self.layout.dp_cp)
         self.step = step_number
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -314,7 +314,6 @@ class Trainer:
         self.cp_rank = m["cp"].get_local_rank() if m is not None else 0
         tp_rank = m["tp"].get_local_rank() if m is not None else 0
         pp_rank = m["pp"].get_local_rank() if m is not None else 0
-        self._tp_rank0 = tp_rank == 0
         # Exactly one rank per (dp, cp) coordinate reports each loss: tensor-parallel peers hold the same value
         # and only the last pipeline rank has one.
         self._reports_loss = tp_rank == 0 and pp_rank == self.layout.pp - 1

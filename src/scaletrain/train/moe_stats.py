@@ -12,7 +12,8 @@ that forward's backward passes the hook's node: so exactly once per micro-batch,
 (an activation-checkpoint recompute). A pipeline stage's metadata inference (torch.distributed.pipelining runs
 a forward and a backward on uninitialised tensors at the first step after an evaluation) is excluded by
 `ignore_pipeline_inference`. After the optimizer step `finish_step`
-sums them, with the aux losses, over every rank (tensor-parallel peers counted once), feeds the totals to
+sums them, with the aux losses, over every rank (tensor-parallel peers route their own sequence shards, so they
+count too: parallel/moe_tensor_parallel.py), feeds the totals to
 `MoE.update_bias` (auxiliary-loss-free balancing, when model.moe.bias_update_rate > 0: every rank moves its
 biases alike) and returns the metrics.jsonl keys: moe_aux_loss, and per expert of the token assignments summed
 over the MoE layers their min and max (moe_tokens_per_expert_min / _max), plus moe_max_load, the largest ratio
@@ -120,17 +121,14 @@ class MoEStats:
         for _, moe in self.layers:
             moe._pending_counts = None
 
-    def finish_step(self, world_size: int, counted: bool, units: int) -> dict[str, float]:
+    def finish_step(self, world_size: int, units: int) -> dict[str, float]:
         """After the optimizer step: global totals, bias updates and the step's router metrics.
 
-        `counted`: whether this rank's numbers count (False on a tensor-parallel peer other than tp rank 0);
         `units`: micro-batches x context shards of the global batch (what the aux loss is averaged over).
         """
         if not self.active:
             return {}
         flat = torch.cat([self._counts.flatten(), self._aux.view(1)])
-        if not counted:
-            flat.zero_()
         if world_size > 1:
             dist.all_reduce(flat)
         counts, aux = flat[:-1].view_as(self._counts), float(flat[-1]) / max(units, 1)
