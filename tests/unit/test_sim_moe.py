@@ -258,3 +258,19 @@ def test_plan_searches_expert_parallelism():
     res = plan(_deepseek(), "gb300", 1024, top=2)
     assert res.best and all(p.layout["ep"] > 1 and p.feasible for p in res.best)
     assert all(256 % p.layout["ep"] == 0 for p in res.best)
+
+
+def test_grouped_gemm_pays_for_its_groups_tiles():
+    """A grouped GEMM is priced by its groups: rows padded to the 128-row tile, one launch; equal to one GEMM of the
+    same FLOPs when every group fills whole tiles, slower when the experts get a few rows each."""
+    from scaletrain.sim.catalog import load_catalog
+    from scaletrain.sim.compute import gemm_time, grouped_gemm_time
+
+    gpu = load_catalog().gpu("h100")
+    n, k = 4096, 7168
+    whole = grouped_gemm_time(gpu, 8 * 1024, n, k, 8, False, 0.8)
+    assert whole == pytest.approx(gemm_time(gpu, 2.0 * 8 * 1024 * n * k, False, 0.8))
+    # 256 experts sharing 8,192 rows: 32 rows each, padded to 128 -> 4x the GEMM work of the same FLOPs.
+    sparse = grouped_gemm_time(gpu, 8 * 1024, n, k, 256, False, 0.8)
+    launch = gpu.kernel_us * 1e-6
+    assert sparse - launch == pytest.approx(4 * (whole - launch))

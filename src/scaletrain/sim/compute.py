@@ -57,6 +57,29 @@ def gemm_time(gpu: GPU, flops: float, fp8: bool, eff: float, fp4: bool = False, 
     return flops / (ceiling * eff) + gpu.kernel_us * 1e-6
 
 
+GROUPED_TILE_ROWS = 128
+"""Row tile of a grouped GEMM kernel (CUTLASS's grouped GEMMs and torch._grouped_mm use 128-row tiles): each
+expert's rows are padded to a multiple of it."""
+
+
+def grouped_gemm_time(
+    gpu: GPU, m: float, n: int, k: int, groups: int, fp8: bool, eff: float, fp4: bool = False, fp4_eff: float = 1.0
+) -> float:
+    """Seconds for one grouped GEMM of `m` rows split evenly over `groups` experts, each [rows, k] x [k, n].
+
+    Its efficiency is that of its groups, not of one GEMM of the same FLOPs: each group's rows are padded to the
+    kernel's row tile (`GROUPED_TILE_ROWS`), and a measured GEMM curve is read at one group's size. It is one
+    kernel, so the launch cost is paid once."""
+    groups = max(1, groups)
+    rows = m / groups
+    padded = -(-rows // GROUPED_TILE_ROWS) * GROUPED_TILE_ROWS if rows > 0 else 0.0
+    flops = 2.0 * groups * padded * n * k
+    curve = gpu.gemm_curve_fp8 if fp8 else gpu.gemm_curve_bf16
+    if curve and not (fp4 and fp8 and gpu.matmul_fp4_tflops > 0):
+        return flops / (_interp_curve(curve, 2.0 * padded * n * k / 1e9) * TB * eff)
+    return gemm_time(gpu, flops, fp8, eff, fp4=fp4, fp4_eff=fp4_eff)
+
+
 def _interp_curve(curve, gflop: float) -> float:
     pts = sorted(curve)
     if gflop <= pts[0][0]:
@@ -97,11 +120,16 @@ def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float, f
     tokens = b * s // cp
     gemm_f = gemm_b = 0.0
     for g, (m, n, k) in zip(w.inventory.layer, layer_gemms(w, layout)):
-        one = gemm_time(gpu, 2.0 * m * n * k, layout.fp8 and g.fp8, gemm_eff, fp4=layout.fp4, fp4_eff=fp4_eff)
+        fp8 = layout.fp8 and g.fp8
         if g.experts > 1:
-            # Routed experts: the layer waits for the busiest expert rank; leading dense layers have none.
+            # Routed experts: one grouped GEMM over this rank's experts, each with its share of the rows; the layer
+            # waits for the busiest expert rank; leading dense layers have none.
+            local = max(1, g.experts // max(1, layout.ep))
+            one = grouped_gemm_time(gpu, m, n, k, local, fp8, gemm_eff, fp4=layout.fp4, fp4_eff=fp4_eff)
             one *= layout.moe_imbalance * moe_share(w)
-        elif g.name == "router" or g.name.startswith("shared."):
+        else:
+            one = gemm_time(gpu, 2.0 * m * n * k, fp8, gemm_eff, fp4=layout.fp4, fp4_eff=fp4_eff)
+        if g.name == "router" or g.name.startswith("shared."):
             one *= moe_share(w)
         gemm_f += one
         # Backward: data gradient always; weight gradient only for trained weights (LoRA freezes the base).
