@@ -20,7 +20,7 @@ from torch import nn
 
 from scaletrain.config import ModelConfig
 from scaletrain.model.init import normal_
-from scaletrain.model.llama import MLP, Embeddings
+from scaletrain.model.llama import MLP, Embeddings, UntiedDecoder
 from scaletrain.model.mla import MLA
 from scaletrain.model.moe import MoE
 
@@ -43,7 +43,7 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class DeepseekV3(nn.Module):
+class DeepseekV3(UntiedDecoder):
     """DeepSeek-V3-architecture decoder. `forward(tokens)` returns logits over the padded vocabulary.
 
     A pipeline stage is a DeepseekV3 with `embed` None (input is hidden states) and/or `ln_f` and `head` None
@@ -63,14 +63,6 @@ class DeepseekV3(nn.Module):
         self.head: nn.Linear | None = nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False)
         self.init_weights(seed)
 
-    def tie_weights(self) -> None:
-        """No-op: the output layer is untied (kept so callers can treat every model alike)."""
-
-    @property
-    def head_is_tied(self) -> bool:
-        """Always False: DeepSeek-V3's output layer is its own matrix."""
-        return False
-
     def init_weights(self, seed: int = 0) -> None:
         """Every matrix and embedding N(0, init_std), RMSNorm weights 1, the experts' selection biases 0.
 
@@ -79,9 +71,7 @@ class DeepseekV3(nn.Module):
         """
         std = self.cfg.init_std
         moe_prefixes: list[str] = []
-        for name, module in self.named_modules():
-            # Names as in the plain model: checkpoint and compile wrappers must not change a parameter's stream.
-            name = name.replace("._checkpoint_wrapped_module", "").replace("._orig_mod", "")
+        for name, module in self.plain_modules():
             if any(name.startswith(p) for p in moe_prefixes):
                 continue  # the MoE layer initialised its own submodules, under the same names
             if isinstance(module, MoE):
@@ -91,16 +81,3 @@ class DeepseekV3(nn.Module):
                 nn.init.ones_(module.weight)
             elif isinstance(module, (nn.Linear, nn.Embedding)):
                 normal_(module.weight, std, seed, f"{name}.weight")
-
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [batch, seq, padded_vocab] (or hidden states from/to a pipeline stage without embed/head).
-
-        `positions` (global token positions [seq]) default to what each attention core reports, else arange.
-        """
-        x = self.embed(tokens, positions) if self.embed is not None else tokens
-        for block in self.blocks.values():
-            x = block(x) if positions is None else block(x, positions=positions)
-        if self.head is None:
-            return x
-        assert self.ln_f is not None  # a pipeline cut drops ln_f and head together
-        return self.head(self.ln_f(x))

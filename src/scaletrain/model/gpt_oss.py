@@ -28,7 +28,7 @@ from torch import nn
 from scaletrain.config import ModelConfig
 from scaletrain.model.gpt import causal_attention
 from scaletrain.model.init import normal_
-from scaletrain.model.llama import Embeddings, Rope, rope_cos_sin, rotate_half
+from scaletrain.model.llama import Embeddings, Rope, UntiedDecoder, rope_cos_sin, rotate_half
 from scaletrain.model.moe import MoE, SwiGLU
 
 __all__ = ["GptOss", "sink_attention", "is_sliding"]
@@ -124,10 +124,8 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class GptOss(nn.Module):
+class GptOss(UntiedDecoder):
     """GPT-OSS decoder. `forward(tokens)` returns logits over the padded vocabulary (pipeline stages as Llama)."""
-
-    tied_embeddings = False
 
     def __init__(self, cfg: ModelConfig, seed: int = 0):
         super().__init__()
@@ -143,21 +141,12 @@ class GptOss(nn.Module):
         self.head: nn.Linear | None = nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False)
         self.init_weights(seed)
 
-    def tie_weights(self) -> None:
-        """No-op: the output layer is untied."""
-
-    @property
-    def head_is_tied(self) -> bool:
-        """Always False: the output layer is its own matrix."""
-        return False
-
     def init_weights(self, seed: int = 0) -> None:
         """Matrices, embeddings and sinks N(0, init_std) from layout-independent streams; biases 0, norms 1.
 
         Must touch every parameter and buffer (called again after `to_empty`)."""
         std = self.cfg.init_std
-        for name, module in self.named_modules():
-            name = name.replace("._checkpoint_wrapped_module", "").replace("._orig_mod", "")
+        for name, module in self.plain_modules():
             if isinstance(module, nn.RMSNorm):
                 nn.init.ones_(module.weight)
             elif isinstance(module, MoE):  # its own linears come next in named_modules and draw the same values
@@ -168,13 +157,3 @@ class GptOss(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, Attention) and module.sinks is not None:
                 normal_(module.sinks, std, seed, f"{name}.sinks")
-
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [batch, seq, padded_vocab] (or hidden states from/to a pipeline stage without embed/head)."""
-        x = self.embed(tokens, positions) if self.embed is not None else tokens
-        for block in self.blocks.values():
-            x = block(x) if positions is None else block(x, positions=positions)
-        if self.head is None:
-            return x
-        assert self.ln_f is not None
-        return self.head(self.ln_f(x))

@@ -219,14 +219,50 @@ class Embeddings(nn.Module):
         return self.tok(tokens)
 
 
-class Llama(nn.Module):
+class UntiedDecoder(nn.Module):
+    """What Llama, GPT-OSS and DeepSeek-V3 share: `embed` -> `blocks` -> `ln_f` -> `head`, an untied output layer,
+    and pipeline stages as the same class with `embed` and/or `ln_f` + `head` set to None (subclasses build them)."""
+
+    tied_embeddings = False  # read by pipeline.TiedEmbeddingSync: no gradient to share between first and last stage
+    embed: Embeddings | None
+    blocks: nn.ModuleDict
+    ln_f: nn.RMSNorm | None
+    head: nn.Linear | None
+
+    def tie_weights(self) -> None:
+        """No-op: the output layer is untied (kept so callers can treat every model alike)."""
+
+    @property
+    def head_is_tied(self) -> bool:
+        """Always False: the output layer is its own matrix."""
+        return False
+
+    def plain_modules(self):
+        """(name, module) pairs under the plain model's names: activation-checkpoint and compile wrappers must not
+        change a parameter's init stream (scaletrain.model.init draws from the name)."""
+        for name, module in self.named_modules():
+            yield name.replace("._checkpoint_wrapped_module", "").replace("._orig_mod", ""), module
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [batch, seq, padded_vocab] (or hidden states from/to a pipeline stage without embed/head).
+
+        `positions` (global token positions [seq]) default to what each attention core reports, else arange.
+        """
+        x = self.embed(tokens, positions) if self.embed is not None else tokens
+        for block in self.blocks.values():
+            x = block(x) if positions is None else block(x, positions=positions)
+        if self.head is None:
+            return x
+        assert self.ln_f is not None  # a pipeline cut drops ln_f and head together
+        return self.head(self.ln_f(x))
+
+
+class Llama(UntiedDecoder):
     """Llama-architecture decoder. `forward(tokens)` returns logits over the padded vocabulary.
 
     A pipeline stage is a Llama with `embed` None (input is hidden states) and/or `ln_f` and `head` None (output
     is hidden states). The output layer is never tied to the embedding.
     """
-
-    tied_embeddings = False  # read by pipeline.TiedEmbeddingSync: no gradient to share between first and last stage
 
     def __init__(self, cfg: ModelConfig, seed: int = 0):
         super().__init__()
@@ -243,14 +279,6 @@ class Llama(nn.Module):
         self.head: nn.Linear | None = nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False)
         self.init_weights(seed)
 
-    def tie_weights(self) -> None:
-        """No-op: the output layer is untied (kept so callers can treat every model alike)."""
-
-    @property
-    def head_is_tied(self) -> bool:
-        """Always False: Llama's output layer is its own matrix."""
-        return False
-
     def init_weights(self, seed: int = 0) -> None:
         """Every linear and embedding weight N(0, init_std), RMSNorm weights 1.
 
@@ -258,23 +286,8 @@ class Llama(nn.Module):
         layout starts from the same weights; must touch every parameter (called again after `to_empty`).
         """
         std = self.cfg.init_std
-        for name, module in self.named_modules():
-            # Names as in the plain model: checkpoint and compile wrappers must not change a parameter's stream.
-            name = name.replace("._checkpoint_wrapped_module", "").replace("._orig_mod", "")
+        for name, module in self.plain_modules():
             if isinstance(module, nn.RMSNorm):
                 nn.init.ones_(module.weight)
             elif isinstance(module, (nn.Linear, nn.Embedding)):
                 normal_(module.weight, std, seed, f"{name}.weight")
-
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [batch, seq, padded_vocab] (or hidden states from/to a pipeline stage without embed/head).
-
-        `positions` (global token positions [seq]) default to what each attention core reports, else arange.
-        """
-        x = self.embed(tokens, positions) if self.embed is not None else tokens
-        for block in self.blocks.values():
-            x = block(x) if positions is None else block(x, positions=positions)
-        if self.head is None:
-            return x
-        assert self.ln_f is not None  # a pipeline cut drops ln_f and head together
-        return self.head(self.ln_f(x))
