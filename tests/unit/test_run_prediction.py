@@ -106,3 +106,20 @@ def test_report_draws_perf_png_for_one_and_for_several_runs(tmp_path, capsys):
     assert both.stat().st_size > 10_000 and (tmp_path / "b" / "loss.png").is_file()
     assert "prediction failed: ValueError: cannot price it" in out
     assert [line.split()[1] for line in out.splitlines() if line.startswith("b ")] == ["measured", "predicted"]
+
+
+def test_comm_wait_hook_is_shared_between_trainers_and_restored():
+    from torch._C._distributed_c10d import Work
+
+    from scaletrain.train.perf import CommWaits
+    original = Work.wait
+    a, b = CommWaits(), CommWaits()
+    a.install()
+    b.install()
+    a.install()  # idempotent per user
+    assert Work.wait != original and CommWaits.seconds() >= 0
+    a.uninstall()
+    assert Work.wait != original  # b still times its waits
+    b.uninstall()
+    b.uninstall()
+    assert Work.wait == original

@@ -8,8 +8,10 @@ trainer measures (`MEASURED_KEYS`). `compare` builds result.json's "predicted_vs
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+from pathlib import Path
 
 from scaletrain.sim import memory
 from scaletrain.sim.catalog import GPU, Fabric, Node
@@ -20,6 +22,7 @@ from scaletrain.sim.workload import ClusterLayout, Workload
 
 SCHEMA = 1
 """prediction.json's schema version."""
+PREDICTION_FILE = "prediction.json"
 
 MEASURED_KEYS = ("data_s", "fwd_bwd_s", "optimizer_s", "comm_exposed_s", "other_s")
 """The step breakdown metrics.jsonl records (train/perf.py). data_s + fwd_bwd_s + optimizer_s + other_s is the
@@ -78,6 +81,15 @@ def price_run(w: Workload, layout: ClusterLayout, gpu: GPU, node: Node, fabric: 
         "sim_breakdown": dict(st.breakdown),
         "memory_gib": mem.gib(),
     }
+
+
+def read_prediction(run_dir: str | Path) -> dict | None:
+    """prediction.json of a run directory, or None where there is none (or it is not a JSON object)."""
+    try:
+        doc = json.loads((Path(run_dir) / PREDICTION_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def steady_median(step_times: list[float]) -> float:

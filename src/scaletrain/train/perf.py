@@ -25,7 +25,6 @@ time the loop waited for the save; an asynchronous save's background upload is n
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ from scaletrain.train.device_probe import device_figures
 
 log = get_logger(__name__)
 
-PREDICTION_FILE = "prediction.json"
+PREDICTION_FILE = run_prediction.PREDICTION_FILE
 
 
 # ---------------------------------------------------------------- exposed communication
@@ -245,12 +244,3 @@ def write_prediction(run_dir: Path, doc: dict) -> None:
     tmp.replace(path)
     if "error" in doc:
         log.warning(f"no prediction for this run ({doc['error']}); {path} records why, training goes on")
-
-
-def read_prediction(run_dir: Path) -> dict | None:
-    """prediction.json of a run directory, or None where there is none (or it is not a JSON object)."""
-    try:
-        doc = json.loads((Path(run_dir) / PREDICTION_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None

@@ -11,8 +11,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from scaletrain.sim.run_prediction import steady_median
-from scaletrain.train.perf import read_prediction
+from scaletrain.sim.run_prediction import read_prediction, steady_median
 from scaletrain.train.report import read_metrics
 
 PARTS = ("data_s", "compute_s", "comm_exposed_s", "optimizer_s", "other_s")
