@@ -14,7 +14,8 @@ Measured breakdown of a step (metrics.jsonl, seconds; `Trainer.train_step` takes
 What comm_exposed_s counts: every wait on a `torch.distributed` work handle from Python (`Work.wait`, hooked while a
 Trainer runs, see `CommWaits`): the trainer's own all-reduces (synchronous ones wait through it), FSDP2's all-gather
 and reduce-scatter waits, and the pipeline schedule's send/receive waits. On CPU (gloo) it is wall time in the wait;
-on CUDA it is the time the current stream stalled on the collective, between CUDA events recorded around the wait.
+on CUDA the time the current stream stalled on the collective, between CUDA events recorded around the wait (or the
+host's time in it where that is longer: a blocking wait).
 Not counted: waits inside C++ that never return to Python (composable DDP's gradient all-reduce, which its reducer
 waits for at the end of backward, and DTensor's functional collectives of tensor parallelism), and on CUDA FSDP2's
 stream-to-stream waits. Those stay in fwd_bwd_s, so comm_exposed_s is a lower bound there.
@@ -48,47 +49,44 @@ class _WaitClock:
 
     def __init__(self) -> None:
         self.total = 0.0
-        self.pending: list = []  # CUDA (start, end) event pairs, resolved after the step's synchronisation
+        self.pending: list = []  # CUDA (start, end, host seconds), resolved after the step's synchronisation
         self.users = 0
+        self.cuda = False  # a CUDA run: time the current stream's stall too
         self.original = None
         self.lock = threading.Lock()
 
     def wrap(self, original):
         def wait(work, *args, **kwargs):
-            if torch.cuda.is_available() and torch.cuda.is_initialized() and _on_cuda(work):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                out = original(work, *args, **kwargs)
-                end.record()
-                with self.lock:
-                    self.pending.append((start, end))
-                return out
+            events = None
+            if self.cuda:
+                events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                events[0].record()
             t0 = time.perf_counter()
             try:
                 return original(work, *args, **kwargs)
             finally:
                 dt = time.perf_counter() - t0
                 with self.lock:
-                    self.total += dt
+                    if events is None:
+                        self.total += dt
+                    else:
+                        events[1].record()
+                        self.pending.append((*events, dt))
 
         wait.__doc__ = getattr(original, "__doc__", None)
         return wait
 
     def seconds(self) -> float:
-        """The running total; CUDA waits are resolved here (their events must have completed: synchronise first)."""
+        """The running total; CUDA waits are resolved here (their events must have completed: synchronise first).
+
+        A CUDA wait counts the longer of the host's time in it (a blocking wait, or gloo) and the stream's stall
+        between the events around it (NCCL: the host returns at once and the stream waits)."""
         with self.lock:
             pending, self.pending = self.pending, []
-        extra = sum(s.elapsed_time(e) / 1e3 for s, e in pending)
+        extra = sum(max(dt, s.elapsed_time(e) / 1e3) for s, e, dt in pending)
         with self.lock:
             self.total += extra
             return self.total
-
-
-def _on_cuda(work) -> bool:
-    try:
-        return any(t.is_cuda for t in work.result())
-    except Exception:  # gloo CPU work, or a work without tensors
-        return False
 
 
 _CLOCK = _WaitClock()
@@ -101,10 +99,12 @@ class CommWaits:
     def __init__(self) -> None:
         self.installed = False
 
-    def install(self) -> None:
-        """Wrap torch's Work.wait (once per process however many users)."""
+    def install(self, device: torch.device | None = None) -> None:
+        """Wrap torch's Work.wait (once per process however many users); a CUDA `device` times stream stalls."""
         if self.installed:
             return
+        if device is not None and device.type == "cuda":
+            _CLOCK.cuda = True
         work = _work_class()
         if work is None:
             return
@@ -123,7 +123,7 @@ class CommWaits:
         work = _work_class()
         if _CLOCK.users == 0 and work is not None and _CLOCK.original is not None:
             work.wait = _CLOCK.original
-            _CLOCK.original = None
+            _CLOCK.original, _CLOCK.cuda = None, False
 
     @staticmethod
     def seconds() -> float:
@@ -186,7 +186,7 @@ def start_run(trainer) -> dict | None:
     if trainer.world_size > 1:
         dist.barrier()  # every rank probes at the same moment: each measures its share of the host
     device = device_figures(trainer.device, trainer.cfg.train.dtype)
-    trainer.comm_waits.install()
+    trainer.comm_waits.install(trainer.device)
     if trainer.rank != 0:
         return None
     doc = predict(trainer.cfg, trainer.layout, device)
