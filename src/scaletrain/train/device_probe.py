@@ -2,7 +2,7 @@
 
 GPU: the catalog entry found by the torch device name (sim/hardware/gpus.toml); its dense bf16 peak is the MFU
 denominator, as in the step records. CPU: measured at start-up in a fraction of a second at this process's thread
-count: the best of a few 512^3 GEMMs in fp32 and in bf16, a 32 MiB copy (bytes read + written per second) and
+count: the best of a few 384^3 GEMMs in fp32 and in bf16, a 16 MiB copy (bytes read + written per second) and
 the time of a tiny matmul (the fixed cost of one kernel). `sim/host_device.cpu_system` turns the block into the
 simulator's device. Every rank of a run probes at the same moment, so a rank's figures are its share of a host
 the ranks share.
@@ -19,9 +19,9 @@ import torch
 
 from scaletrain.sim.catalog import load_catalog
 
-_GEMM_N = 512
-_COPY_BYTES = 32 << 20
-_BUDGET_S = 0.15  # per measurement: stop repeating once this much time went into it
+_GEMM_N = 384
+_COPY_BYTES = 16 << 20
+_BUDGET_S = 0.05  # per measurement: stop repeating once this much time went into it
 
 
 def _best(fn, repeats: int) -> float:
@@ -38,21 +38,21 @@ def _best(fn, repeats: int) -> float:
     return best
 
 
-def gemm_flops(dtype: torch.dtype, n: int = _GEMM_N, repeats: int = 5) -> float:
+def gemm_flops(dtype: torch.dtype, n: int = _GEMM_N, repeats: int = 3) -> float:
     """FLOP/s of an n^3 matmul in `dtype` on CPU at the current thread count (best of `repeats`)."""
     a = torch.randn(n, n).to(dtype)
     b = torch.randn(n, n).to(dtype)
     return 2.0 * n**3 / _best(lambda: torch.mm(a, b), repeats)
 
 
-def copy_bandwidth(nbytes: int = _COPY_BYTES, repeats: int = 5) -> float:
+def copy_bandwidth(nbytes: int = _COPY_BYTES, repeats: int = 3) -> float:
     """Bytes moved (read + written) per second by a large tensor copy on CPU (best of `repeats`)."""
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
     return 2.0 * nbytes / _best(lambda: dst.copy_(src), repeats)
 
 
-def kernel_seconds(repeats: int = 50) -> float:
+def kernel_seconds(repeats: int = 30) -> float:
     """Seconds of a 16x16 matmul: the fixed cost of launching one CPU kernel from Python (median of `repeats`)."""
     a = torch.ones(16, 16)
     torch.mm(a, a)
