@@ -187,11 +187,20 @@ def cmd_bench_check(args) -> int:
 
 
 def cmd_report(args) -> int:
-    """Draw loss.png (training and evaluation loss) from a run directory's metrics.jsonl."""
+    """Draw loss.png (training and evaluation loss) from each run directory's metrics.jsonl, and perf.png (measured
+    step time and breakdown beside prediction.json's) for the run, or overlaid for several; print the perf table."""
+    from scaletrain.train.perf_report import report_perf
     from scaletrain.train.report import plot_run
 
-    for path in plot_run(Path(args.run_dir)):
-        print(path)
+    dirs = [Path(d) for d in args.run_dir]
+    for d in dirs:
+        for path in plot_run(d):
+            print(path)
+    runs = sorted(p for p in dirs[0].glob("run_*") if (p / "metrics.jsonl").is_file()) if len(dirs) == 1 else []
+    out = Path(args.out) if args.out else (dirs[0] / "perf.png" if runs else None)
+    perf, table = report_perf(runs or dirs, out)
+    print(perf)
+    print(table)
     return 0
 
 
@@ -295,8 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_data_parser(sub)
 
-    p = sub.add_parser("report", help="draw loss.png for a run directory", description=cmd_report.__doc__)
-    p.add_argument("run_dir", help="run directory (or a bench directory with run_*/)")
+    p = sub.add_parser("report", help="draw loss.png and perf.png for run directories", description=cmd_report.__doc__)
+    p.add_argument("run_dir", nargs="+", help="run directories (or one bench directory with run_*/)")
+    p.add_argument("--out", help="perf.png path (default: in the run directory; ./perf.png for several runs)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("config", help="show the resolved config or all fields", description=cmd_config.__doc__)

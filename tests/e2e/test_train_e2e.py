@@ -63,13 +63,52 @@ def test_golden_run_and_run_directory_contract(excerpt_corpus, tmp_path):
     assert json.loads((run / "config.json").read_text())["model"]["d_model"] == 64
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert main(["report", str(run)]) == 0 and (run / "loss.png").stat().st_size > 10_000
+    assert (run / "perf.png").stat().st_size > 10_000
+    # Measured breakdown: the parts sum to the step time by construction, and other_s (what no part holds) is small.
+    parts = ("data_s", "fwd_bwd_s", "optimizer_s")
+    for r in steps.values():
+        assert min(r[k] for k in (*parts, "comm_exposed_s")) >= 0
+        assert sum(r[k] for k in parts) + r["other_s"] == pytest.approx(r["step_time_s"], abs=1e-9)
+    timed = sum(r["step_time_s"] for r in steps.values())
+    assert sum(r[k] for r in steps.values() for k in parts) == pytest.approx(timed, rel=0.05)
+    assert all(r["comm_exposed_s"] == 0 for r in steps.values())  # one process: no collective
+    assert all(r["eval_s"] > 0 for r in lines if "eval_loss" in r)
+    # prediction.json: the simulator's view of this run on the CPU measured at start-up.
+    pred = json.loads((run / "prediction.json").read_text())
+    assert pred["schema"] == 1 and "error" not in pred and pred["world_size"] == 1 and pred["layout"]
+    dev = pred["device"]
+    assert dev["kind"] == "cpu" and dev["catalog_key"] is None and dev["measured"] and dev["threads"] == 1
+    assert dev["peak_flops"] == dev["gemm_flops"]["fp32"] > 0 and dev["mem_bw_bytes_s"] > 0
+    for key in ("step_time_s", "tokens_per_s", "mfu", "memory_per_rank_gib"):
+        assert pred[key] > 0, key
+    assert pred["tokens_per_s"] == pytest.approx(16 * 64 / pred["step_time_s"])
+    assert set(pred["breakdown"]) == {*parts, "comm_exposed_s", "other_s"}
+    assert sum(pred["breakdown"][k] for k in (*parts, "other_s")) == pytest.approx(pred["step_time_s"])
+    assert pred["efficiency"]["gemm_eff"] > 0
+    block = result["predicted_vs_measured"]
+    assert block["step_time_s"]["predicted"] == pred["step_time_s"]
+    assert block["step_time_s"]["measured"] > 0
+    assert block["step_time_s"]["ratio"] == pytest.approx(block["step_time_s"]["measured"] / pred["step_time_s"])
+    assert block["tokens_per_s"]["measured"] == pytest.approx(16 * 64 / block["step_time_s"]["measured"])
+    assert block["memory_peak_gib"]["predicted"] == pred["memory_per_rank_gib"]
+    assert block["memory_peak_gib"]["measured"] == pytest.approx(steps[30]["peak_mem_gib"])
 
 
-def test_reaching_the_target_is_success_and_log_is_compliant(excerpt_corpus, tmp_path):
+def test_reaching_the_target_is_success_and_log_is_compliant(excerpt_corpus, tmp_path, monkeypatch):
     target = (GOLDEN_EVAL[20] + GOLDEN_EVAL[10]) / 2  # reached at the second evaluation
     cfg = tiny_config(excerpt_corpus, tmp_path / "run", f"train.target_eval_loss={target}")
+
+    def unsupported(*args, **kwargs):
+        raise ValueError("this layout is not\nsupported")
+    # A run the simulator cannot price says why in prediction.json and trains on.
+    monkeypatch.setattr("scaletrain.sim.run_prediction.step_time", unsupported)
     result = train(cfg, observers=mlperf_observers)  # the MLPerf log, as `scaletrain train` attaches it
     assert result["status"] == "success" and result["steps"] == 20
+    pred = json.loads((tmp_path / "run" / "prediction.json").read_text())
+    assert pred["error"] == "ValueError: this layout is not supported" and pred["device"]["kind"] == "cpu"
+    block = result["predicted_vs_measured"]
+    assert all(block[k]["predicted"] is None and block[k]["ratio"] is None for k in block)
+    assert block["step_time_s"]["measured"] > 0
     assert 0 < result["time_to_train_s"] < 120
     verdict = check_log(tmp_path / "run" / "mllog.txt", "gpt3-proxy")
     assert verdict.ok, verdict.output

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,6 +20,7 @@ from scaletrain.sim.calibrate import _golden
 from scaletrain.sim.catalog import Catalog
 from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import GENERATION, efficiency_for
+from scaletrain.sim.run_prediction import steady_median
 from scaletrain.sim.step import step_time
 from scaletrain.sim.workload import ClusterLayout, Workload
 
@@ -63,7 +63,7 @@ def read_run(run_dir: str | Path, sim_inputs: SimInputs, gpu: str | None = None)
     world = last.get("world_size")
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
         raise ValueError(f"{metrics_path}: the step records carry no world_size (a run from an older scaletrain)")
-    measured = statistics.median(r["step_time_s"] for r in records[len(records) // 3 :])
+    measured = steady_median([r["step_time_s"] for r in records])
     w, layout = sim_inputs(cfg, world)
     return MeasuredRun(str(run), str(key), world, w, layout, measured)
 

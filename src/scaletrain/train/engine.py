@@ -32,6 +32,7 @@ from scaletrain.train.host import check_host_memory, peak_memory_gib, setup_cpu
 from scaletrain.train.metrics import MetricsLogger
 from scaletrain.train.moe_stats import MoEStats
 from scaletrain.train.optim import build_optimizer, lr_at, set_lr
+from scaletrain.train.perf import CommWaits, StepClock, result_block, start_run
 from scaletrain.train.protocol import NonFiniteLoss
 from scaletrain.train.signals import StopSignals
 
@@ -112,6 +113,9 @@ class Trainer:
         self.stop_signals = StopSignals()  # SIGTERM/SIGUSR1: save and stop (installed for init..finish)
         self.step = 0  # optimizer steps taken since run start
         self._loss_scale = 1.0
+        self.comm_waits, self.clock = CommWaits(), StepClock(self.device)  # the step breakdown (train/perf.py)
+        self.prediction: dict | None = None  # prediction.json of this run (rank 0)
+        self.step_times: list[float] = []
 
     @property
     def model(self) -> torch.nn.Module:
@@ -175,6 +179,7 @@ class Trainer:
                 target=self.cfg.train.target_eval_loss,
                 memory_label="max allocated" if self.device.type == "cuda" else "peak RSS",
             )
+        self.prediction = start_run(self)  # measures the device; rank 0 writes prediction.json
         self.stop_signals.install()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -183,7 +188,7 @@ class Trainer:
 
     def train_step(self) -> dict:
         """One optimizer step on the next global batch; raises NonFiniteLoss before touching the weights."""
-        t0 = time.perf_counter()
+        t0 = self.clock.start()
         consumed = self.step * self.global_batch_size
         batches = [
             self.data.train.rank_batch(
@@ -191,7 +196,9 @@ class Trainer:
             )
             for i in range(self.accum)
         ]
+        self.clock.mark()
         loss = self._forward_backward(batches)
+        self.clock.mark()
         step_number = self.step + 1
         if not math.isfinite(loss):
             raise NonFiniteLoss(step_number, loss)
@@ -214,11 +221,13 @@ class Trainer:
             opt.step()
             opt.zero_grad(set_to_none=True)
         self._fp8_scales(trainable_only=True)
+        self.clock.mark()
         moe_record = self.moe.finish_step(self.world_size, self.accum * self.layout.dp_cp)
         self.step = step_number
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
+        self.step_times.append(dt)
         tokens_per_s = self.global_batch_size * self.seq_len / dt
         record: dict[str, Any] = {
             "step": self.step,
@@ -232,6 +241,7 @@ class Trainer:
             "model_tflops_per_device": tokens_per_s * self.flops_per_token / 1e12 / self.world_size,
             "peak_mem_gib": peak_memory_gib(self.device),
             "world_size": self.world_size,  # what `sim calibrate RUN_DIR` prices the run at
+            **self.clock.parts(dt),  # data_s, fwd_bwd_s, optimizer_s, comm_exposed_s, other_s (train/perf.py)
             **moe_record,  # MoE models only: router statistics (train/moe_stats.py)
         }
         if self.peak is not None:
@@ -245,6 +255,7 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> float:
         """Token-weighted mean cross-entropy over the whole validation set (identical on every rank)."""
+        t0 = time.perf_counter()
         for part in self.pm.parts:
             part.eval()
         total = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -253,14 +264,16 @@ class Trainer:
         self._end_eval()
         value = self._sum_over_ranks(total) / self.eval_tokens
         if self.metrics is not None:
+            tokens = self.step * self.global_batch_size * self.seq_len
             self.metrics.log(
-                {"step": self.step, "eval_loss": value, "tokens": self.step * self.global_batch_size * self.seq_len}
+                {"step": self.step, "eval_loss": value, "tokens": tokens, "eval_s": time.perf_counter() - t0}
             )
         return value
 
     def finish(self, result: dict) -> None:
         """Publish a pending asynchronous checkpoint and close metrics sinks; the loop writes result.json."""
         self.stop_signals.uninstall()
+        self.comm_waits.uninstall()
         try:
             self.checkpointer.finish()
         finally:
@@ -285,7 +298,15 @@ class Trainer:
 
         # The loop state replaces the "harness" entry that checkpoints before train/loop.py carried.
         state = {k: v for k, v in trainer_state(self.step, self.cfg, self.layout, None).items() if k != "harness"}
-        return self.checkpointer.save(self.step, self.pm.parts, self.optimizers, {**state, "loop": loop_state})
+        t0 = time.perf_counter()
+        path = self.checkpointer.save(self.step, self.pm.parts, self.optimizers, {**state, "loop": loop_state})
+        if self.metrics is not None and not self.metrics.closed:
+            self.metrics.log({"step": self.step, "checkpoint_s": time.perf_counter() - t0})
+        return path
+
+    def result_extra(self) -> dict:
+        """What result.json gains besides the loop's fields: "predicted_vs_measured" (train/perf.py)."""
+        return result_block(self.prediction, self.step_times, self.global_batch_size * self.seq_len, self.device)
 
     def _load_init_weights(self) -> None:
         from scaletrain.checkpoint.init_from import load_init_weights

@@ -185,6 +185,13 @@ class _Loop:
         """result.json: the loop's fields, then what each observer adds; then engine.finish. `quiet` (after a crash):
         failures of observers and of engine.finish must not hide the original one."""
         result = self._result(state)
+        extra = getattr(self.engine, "result_extra", None)  # a Trainer's predicted_vs_measured (train/perf.py)
+        if callable(extra):
+            try:
+                result.update(extra())
+            except Exception:
+                if not quiet:
+                    raise
         for obs in self.observers:
             try:
                 result.update(obs.on_run_end(state, result) or {})

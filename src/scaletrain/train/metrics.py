@@ -51,8 +51,13 @@ class MetricsLogger:
             for key, value in record.items():
                 if key not in ("step", "time") and isinstance(value, (int, float)):
                     self._tb.add_scalar(key, value, step)
-        if self._view is not None:
+        if self._view is not None and ("loss" in record or "eval_loss" in record):  # not a checkpoint_s line
             self._view.update(record)
+
+    @property
+    def closed(self) -> bool:
+        """Whether close() was called (a checkpoint saved after the run ends logs no line)."""
+        return self._file.closed
 
     def close(self) -> None:
         """Flush and close every sink (idempotent)."""

@@ -9,7 +9,8 @@ from scaletrain.data.indexed import DataError
 
 
 def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
-    """(training lines, evaluation lines) of run_dir/metrics.jsonl; a bad line is a one-line error."""
+    """(training lines, evaluation lines) of run_dir/metrics.jsonl; a bad line is a one-line error. Other lines (a
+    checkpoint save's {"step", "checkpoint_s"}) are in neither."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise DataError(f"{path}: no metrics.jsonl (is {run_dir} a run directory?)")
@@ -22,7 +23,10 @@ def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{lineno}: not JSON ({exc.msg})") from None
-        (evals if "eval_loss" in record else train).append(record)
+        if "eval_loss" in record:
+            evals.append(record)
+        elif "loss" in record:
+            train.append(record)
     return train, evals
 
 

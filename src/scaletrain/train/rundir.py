@@ -41,6 +41,8 @@ RUN_FILES = (
     "tensorboard",
     "checkpoints",
     "loss.png",
+    "perf.png",
+    "prediction.json",
     "compliance.txt",
     "compliance_checker.log",
     "config.json",

@@ -1,0 +1,246 @@
+"""Every run as its own performance test: prediction.json at start, the measured step breakdown, and result.json's
+"predicted_vs_measured" block.
+
+Measured breakdown of a step (metrics.jsonl, seconds; `Trainer.train_step` takes the time stamps):
+- data_s: building this rank's micro-batches of the global batch;
+- fwd_bwd_s: forward and backward of every micro-batch, with the label-count and loss all-reduces and the gradient
+  reductions that end the backward;
+- optimizer_s: gradient placement, the tied-weight gradient sum of a pipeline, the gradient norm (its all-reduce
+  included), clipping, the optimizer step, zero_grad and the FP8 scales;
+- other_s: the rest of step_time_s (router statistics, the final device synchronisation, Python between the parts);
+  data_s + fwd_bwd_s + optimizer_s + other_s = step_time_s exactly;
+- comm_exposed_s: time this rank was blocked waiting for collectives, inside fwd_bwd_s and optimizer_s.
+
+What comm_exposed_s counts: every wait on a `torch.distributed` work handle from Python (`Work.wait`, hooked while a
+Trainer runs, see `CommWaits`): the trainer's own all-reduces (synchronous ones wait through it), FSDP2's all-gather
+and reduce-scatter waits, and the pipeline schedule's send/receive waits. On CPU (gloo) it is wall time in the wait;
+on CUDA the time the current stream stalled on the collective, between CUDA events recorded around the wait (or the
+host's time in it where that is longer: a blocking wait).
+Not counted: waits inside C++ that never return to Python (composable DDP's gradient all-reduce, which its reducer
+waits for at the end of backward, and DTensor's functional collectives of tensor parallelism), and on CUDA FSDP2's
+stream-to-stream waits. Those stay in fwd_bwd_s, so comm_exposed_s is a lower bound there.
+
+Evaluation records gain eval_s (the whole evaluation); a checkpoint save adds a line {"step", "checkpoint_s"} (the
+time the loop waited for the save; an asynchronous save's background upload is not in it).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from scaletrain.log import get_logger
+from scaletrain.sim import run_prediction
+from scaletrain.train.device_probe import device_figures
+
+log = get_logger(__name__)
+
+PREDICTION_FILE = run_prediction.PREDICTION_FILE
+
+
+# ---------------------------------------------------------------- exposed communication
+
+
+class _WaitClock:
+    """Seconds spent in `Work.wait` since the hook was installed (a process-wide, monotonic total)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.pending: list = []  # CUDA (start, end, host seconds), resolved after the step's synchronisation
+        self.users = 0
+        self.cuda = False  # a CUDA run: time the current stream's stall too
+        self.original = None
+        self.lock = threading.Lock()
+
+    def wrap(self, original):
+        def wait(work, *args, **kwargs):
+            events = None
+            if self.cuda:
+                events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                events[0].record()
+            t0 = time.perf_counter()
+            try:
+                return original(work, *args, **kwargs)
+            finally:
+                dt = time.perf_counter() - t0
+                with self.lock:
+                    if events is None:
+                        self.total += dt
+                    else:
+                        events[1].record()
+                        self.pending.append((*events, dt))
+
+        wait.__doc__ = getattr(original, "__doc__", None)
+        return wait
+
+    def seconds(self) -> float:
+        """The running total; CUDA waits are resolved here (their events must have completed: synchronise first).
+
+        A CUDA wait counts the longer of the host's time in it (a blocking wait, or gloo) and the stream's stall
+        between the events around it (NCCL: the host returns at once and the stream waits)."""
+        with self.lock:
+            pending, self.pending = self.pending, []
+        extra = sum(max(dt, s.elapsed_time(e) / 1e3) for s, e, dt in pending)
+        with self.lock:
+            self.total += extra
+            return self.total
+
+
+_CLOCK = _WaitClock()
+
+
+class CommWaits:
+    """Hooks `Work.wait` while in use (`install`/`uninstall`, counted, so several Trainers in one process share one
+    hook); `seconds()` is the process's total blocked time so far (differences give a step's)."""
+
+    def __init__(self) -> None:
+        self.installed = False
+
+    def install(self, device: torch.device | None = None) -> None:
+        """Wrap torch's Work.wait (once per process however many users); a CUDA `device` times stream stalls."""
+        if self.installed:
+            return
+        if device is not None and device.type == "cuda":
+            _CLOCK.cuda = True
+        work = _work_class()
+        if work is None:
+            return
+        if _CLOCK.users == 0:
+            _CLOCK.original = work.wait
+            work.wait = _CLOCK.wrap(_CLOCK.original)
+        _CLOCK.users += 1
+        self.installed = True
+
+    def uninstall(self) -> None:
+        """Drop this user; the last one restores torch's Work.wait."""
+        if not self.installed:
+            return
+        self.installed = False
+        _CLOCK.users -= 1
+        work = _work_class()
+        if _CLOCK.users == 0 and work is not None and _CLOCK.original is not None:
+            work.wait = _CLOCK.original
+            _CLOCK.original, _CLOCK.cuda = None, False
+
+    @staticmethod
+    def seconds() -> float:
+        """Seconds blocked in collectives since the process first hooked them."""
+        return _CLOCK.seconds()
+
+
+def _work_class():
+    try:
+        from torch._C._distributed_c10d import Work
+    except ImportError:  # torch without distributed support: nothing to hook
+        return None
+    return Work
+
+
+# ---------------------------------------------------------------- one step's parts
+
+
+class StepClock:
+    """Time stamps of one training step: `start()`, then `mark()` after the data, the forward/backward and the
+    optimizer (synchronising the device on CUDA, so each part holds its own kernels); `parts(step_time_s)`."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.marks: list[float] = []
+        self.comm0 = 0.0
+
+    def start(self) -> float:
+        """Begin a step; returns its start time (perf_counter)."""
+        self.comm0 = CommWaits.seconds()
+        self.marks = [time.perf_counter()]
+        return self.marks[0]
+
+    def mark(self) -> None:
+        """End of a part."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.marks.append(time.perf_counter())
+
+    def parts(self, step_time_s: float) -> dict:
+        """data_s, fwd_bwd_s, optimizer_s, comm_exposed_s and other_s (the rest of `step_time_s`)."""
+        data, fwd_bwd, opt = (b - a for a, b in zip(self.marks, self.marks[1:4]))
+        return {
+            "data_s": data,
+            "fwd_bwd_s": fwd_bwd,
+            "optimizer_s": opt,
+            "comm_exposed_s": CommWaits.seconds() - self.comm0,
+            "other_s": step_time_s - data - fwd_bwd - opt,
+        }
+
+
+# ---------------------------------------------------------------- prediction.json
+
+
+def start_run(trainer) -> dict | None:
+    """At the end of init, on every rank at once: measure the device, and on rank 0 predict the run and write
+    prediction.json (returned; None on other ranks). Hooks the collectives' waits for comm_exposed_s."""
+    import torch.distributed as dist
+
+    if trainer.world_size > 1:
+        dist.barrier()  # every rank probes at the same moment: each measures its share of the host
+    device = device_figures(trainer.device, trainer.cfg.train.dtype)
+    trainer.comm_waits.install(trainer.device)
+    if trainer.rank != 0:
+        return None
+    doc = predict(trainer.cfg, trainer.layout, device)
+    write_prediction(trainer.run_dir, doc)
+    return doc
+
+
+def result_block(prediction: dict | None, step_times: list[float], tokens_per_step: int, device) -> dict:
+    """result.json's {"predicted_vs_measured": ...} (`run_prediction.compare`) with this rank's peak memory."""
+    from scaletrain.train.host import peak_memory_gib
+
+    peak = peak_memory_gib(device)
+    return {"predicted_vs_measured": run_prediction.compare(prediction, step_times, tokens_per_step, peak)}
+
+
+def predict(cfg, layout, device_block: dict) -> dict:
+    """prediction.json's content for `cfg` trained in `layout` on the device `device_block` describes (the
+    simulator through `parallel.sim_layout.sim_layout`); {"error": one line} where the simulator cannot price it."""
+    from scaletrain.parallel.sim_layout import sim_layout
+    from scaletrain.sim.predict import benchmark_of
+
+    doc: dict = {"schema": run_prediction.SCHEMA, "device": device_block, "world_size": layout.world_size}
+    try:
+        doc["layout"] = layout.describe()
+        w, cluster = sim_layout(cfg, layout)
+        if device_block["kind"] == "cpu":
+            from scaletrain.sim.host_device import CPU_EFFICIENCY, cpu_system
+
+            gpu, node, fabric = cpu_system(device_block)
+            eff, eff_name = CPU_EFFICIENCY, "prior (CPU, uncalibrated)"
+        else:
+            from scaletrain.sim.catalog import load_catalog
+            from scaletrain.sim.efficiency import efficiency_for
+
+            if not device_block.get("catalog_key"):
+                raise ValueError(f"the catalog has no entry for {device_block['name']!r} (sim/hardware/gpus.toml)")
+            gpu, node, fabric = load_catalog().system(device_block["catalog_key"])
+            eff_name, eff = efficiency_for(None, gpu.key, benchmark_of(cfg.preset))
+        priced = run_prediction.price_run(w, cluster, gpu, node, fabric, eff)
+        doc.update(priced)
+        doc["efficiency_set"] = eff_name
+        doc["efficiency"] = eff.to_dict()
+    except Exception as exc:  # the prediction never fails a run
+        doc["error"] = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return doc
+
+
+def write_prediction(run_dir: Path, doc: dict) -> None:
+    """Write prediction.json (strict JSON), warning when the prediction failed."""
+    from scaletrain.train.rundir import dumps_strict
+
+    path = Path(run_dir) / PREDICTION_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(dumps_strict(doc, indent=2) + "\n")
+    tmp.replace(path)
+    if "error" in doc:
+        log.warning(f"no prediction for this run ({doc['error']}); {path} records why, training goes on")
