@@ -34,6 +34,7 @@ from scaletrain.train.moe_stats import MoEStats
 from scaletrain.train.optim import build_optimizer, lr_at, set_lr
 from scaletrain.train.protocol import NonFiniteLoss
 from scaletrain.train.signals import StopSignals
+from scaletrain.train.sinks import optional_sinks
 
 
 @dataclass
@@ -174,6 +175,7 @@ class Trainer:
                 total_label=self._budget_label(),
                 target=self.cfg.train.target_eval_loss,
                 memory_label="max allocated" if self.device.type == "cuda" else "peak RSS",
+                sinks=optional_sinks(self.cfg, self.run_dir),
             )
         self.stop_signals.install()
         if self.device.type == "cuda":
