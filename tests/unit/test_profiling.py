@@ -126,3 +126,61 @@ def test_memory_summary_is_plain_json():
         {"size_bytes": 2048, "frame": "/x/scaletrain/model/gpt.py:42 forward"},
         {"size_bytes": 512, "frame": "torch/nn.py:1 f"},
     ]
+
+
+def test_memory_history_spans_the_first_steps_without_profile_steps(tmp_path, monkeypatch):
+    """The CUDA path's bookkeeping with the allocator API faked (this machine has no GPU; the real one is below)."""
+    calls = []
+    memory = torch.cuda.memory
+    monkeypatch.setattr(
+        memory, "_record_memory_history", lambda enabled="all", **kw: calls.append(("history", enabled))
+    )
+    monkeypatch.setattr(memory, "_snapshot", lambda device=None: {"segments": [], "device_traces": [[]]})
+    monkeypatch.setattr(memory, "_dump_snapshot", lambda path: calls.append(("dump", Path(path).name)))
+    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 7)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 8)
+    prof = StepProfiler(
+        TrainConfig(memory_snapshot=True, profile_ranks="2"), tmp_path, rank=2, device=torch.device("cuda", 0)
+    )
+    for n in range(11, 16):  # a run resumed at step 10: the history covers steps 11-13
+        with prof.step(n):
+            calls.append(("step", n))
+    prof.close()
+    assert calls == [
+        ("history", "all"),
+        ("step", 11),
+        ("step", 12),
+        ("step", 13),
+        ("dump", "memory_snapshot_rank2.UNTRUSTED.pickle"),
+        ("history", None),
+        ("step", 14),
+        ("step", 15),
+    ]
+    summary = json.loads((tmp_path / "profile" / "memory_snapshot_rank2.json").read_text())
+    assert summary["steps"] == [11, 13] and summary["max_reserved_bytes"] == 8
+    assert summary["snapshot_file"] == "memory_snapshot_rank2.UNTRUSTED.pickle"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_trace_and_memory_snapshot(tmp_path):
+    device = torch.device("cuda", torch.cuda.current_device())
+    prof = StepProfiler(TrainConfig(profile_steps="2-3", memory_snapshot=True), tmp_path, device=device)
+    for n in range(1, 5):
+        with prof.step(n):
+            x = torch.randn(1024, 1024, device=device)
+            (x @ x).sum().item()
+    prof.close()
+    out = tmp_path / "profile"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "memory_snapshot_rank0.UNTRUSTED.pickle",
+        "memory_snapshot_rank0.json",
+        "trace_rank0_steps2-3.pt.trace.json",
+    ]
+    summary = json.loads((out / "memory_snapshot_rank0.json").read_text())
+    assert summary["steps"] == [2, 3] and summary["max_allocated_bytes"] >= 4 * 1024 * 1024
+    assert summary["alloc_events"] >= 2 and summary["top_allocations"][0]["size_bytes"] >= 4 * 1024 * 1024
+    events = json.loads((out / "trace_rank0_steps2-3.pt.trace.json").read_text())["traceEvents"]
+    assert any(e.get("cat") == "kernel" for e in events)  # CUDA activity is traced on a GPU
+    assert _step_marks(out / "trace_rank0_steps2-3.pt.trace.json") == [2, 3]
