@@ -431,9 +431,17 @@ def _on_demand_problems(t: TrainConfig):
             parse(value)
         except ValueError as exc:
             yield str(exc)
+
+
+WANDB_MISSING = "train.wandb_project needs wandb, the [wandb] extra: pip install 'scaletrain[wandb]'"
+
+
+def _check_wandb(cfg: Config) -> Config:
+    # Only for a run being configured (resolve), not when a finished run's config.json is read back (from_dict).
     # sys.modules first: a test may stand a fake wandb module in (find_spec fails on a module without __spec__).
-    if t.wandb_project and sys.modules.get("wandb") is None and importlib.util.find_spec("wandb") is None:
-        yield "train.wandb_project needs wandb, the [wandb] extra: pip install 'scaletrain[wandb]'"
+    if cfg.train.wandb_project and sys.modules.get("wandb") is None and importlib.util.find_spec("wandb") is None:
+        raise ConfigError(WANDB_MISSING)
+    return cfg
 
 
 LORA_TARGETS = ("qkv", "proj", "fc1", "fc2")
@@ -456,7 +464,7 @@ def resolve(
     for text in overrides:
         key, value = parse_override(text)
         _io.merge(cfg, _io.nest(key, value), f"--set {text}")
-    return cfg.validate()
+    return _check_wandb(cfg.validate())
 
 
 def from_dict(table: dict[str, Any]) -> Config:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from scaletrain.config import Config
+from scaletrain.config import WANDB_MISSING, Config, ConfigError
 
 __all__ = ["ScalarSink", "TensorBoardSink", "WandbSink", "scalars_of", "optional_sinks"]
 
@@ -58,9 +58,7 @@ class WandbSink:
         try:
             import wandb
         except ImportError:
-            raise RuntimeError(
-                "train.wandb_project needs wandb, the [wandb] extra: pip install 'scaletrain[wandb]'"
-            ) from None
+            raise ConfigError(WANDB_MISSING) from None
         t = cfg.train
         self._run = wandb.init(
             project=t.wandb_project,
