@@ -188,8 +188,8 @@ class _Loop:
     def end(self, state: LoopState, quiet: bool = False) -> dict:
         """result.json: the loop's fields, then what each observer adds; then engine.finish. `quiet` (after a crash):
         failures of observers and of engine.finish must not hide the original one."""
+        self.profiler.close()  # a run that stopped inside train.profile_steps: write what was traced
         result = self._result(state)
-        self.profiler.close()
         for obs in self.observers:
             try:
                 result.update(obs.on_run_end(state, result) or {})
