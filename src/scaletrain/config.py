@@ -12,6 +12,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,8 @@ __all__ = [
     "preset_dict",
     "parse_override",
     "default_data_dir",
+    "parse_step_range",
+    "parse_ranks",
 ]
 
 
@@ -143,6 +146,21 @@ class TrainConfig:
     """FP8 scaling (torchao recipe): "tensorwise" (one dynamic scale per tensor; FP8 TP and FSDP all-gathers) or "rowwise" (one per row); "current" = tensorwise"""
     progress: bool = True
     """Show a rich progress bar on an interactive terminal; off a terminal, or when false, print plain log lines."""
+    profile_steps: str = ""
+    """torch.profiler trace of these global steps, inclusive: "A-B" or "N"; "" = off. Written to
+    <run_dir>/profile/trace_rank<R>_steps<A>-<B>.pt.trace.json (Chrome/Perfetto JSON); steps before a resume's step
+    are never profiled."""
+    profile_ranks: str = "0"
+    """Ranks that profile (and take memory snapshots): "all" or a comma-separated list of global ranks, e.g. "0,3"."""
+    profile_with_stack: bool = False
+    """Record Python stacks in the profiler trace (torch.profiler with_stack): larger traces, more overhead."""
+    memory_snapshot: bool = False
+    """CUDA memory history of the profile_steps (or of the first 3 steps when profile_steps is ""), dumped to
+    <run_dir>/profile/memory_snapshot_rank<R>.UNTRUSTED.pickle plus a pickle-free .json summary; a warning on CPU."""
+    wandb_project: str = ""
+    """Weights & Biases project that also receives the TensorBoard scalars ([wandb] extra); "" = off."""
+    wandb_run_name: str = ""
+    """Weights & Biases run name; "" = the run directory's name."""
 
 
 @dataclass
@@ -338,6 +356,7 @@ def _problems(c: Config):
             yield f"train.{name}={getattr(t, name)}: must be >= 0"
     if t.log_interval <= 0:
         yield f"train.log_interval={t.log_interval}: must be > 0"
+    yield from _on_demand_problems(t)
     if o.lr <= 0:
         yield f"optim.lr={o.lr}: must be > 0"
     if not (0 <= o.end_lr_ratio <= 1):
@@ -381,6 +400,50 @@ def _problems(c: Config):
         yield f"parallel.activation_checkpoint={p.activation_checkpoint!r}: must be 'none', 'full' or 'selective'"
 
 
+def parse_step_range(text: str) -> tuple[int, int] | None:
+    """train.profile_steps -> (first, last) step, inclusive; None for ""; ValueError for anything else."""
+    text = text.strip()
+    if not text:
+        return None
+    first, sep, last = text.partition("-")
+    if not (first.strip().isdecimal() and (not sep or last.strip().isdecimal())):
+        raise ValueError(f"train.profile_steps={text!r}: must be 'A-B' or 'N' with steps >= 1, or '' (off)")
+    lo, hi = int(first), int(last) if sep else int(first)
+    if lo < 1 or hi < lo:
+        raise ValueError(f"train.profile_steps={text!r}: needs 1 <= A <= B (steps count from 1)")
+    return lo, hi
+
+
+def parse_ranks(text: str) -> frozenset[int] | None:
+    """train.profile_ranks -> the set of global ranks; None means "all"; ValueError for anything else."""
+    if text.strip() == "all":
+        return None
+    # `--set train.profile_ranks=0,3` reaches here as "(0, 3)" (a Python literal) and a TOML list as "[0, 3]".
+    parts = [p.strip() for p in text.strip().strip("()[]").split(",")]
+    if not all(p.isdecimal() for p in parts):
+        raise ValueError(f"train.profile_ranks={text!r}: must be 'all' or comma-separated ranks >= 0, e.g. '0,3'")
+    return frozenset(int(p) for p in parts)
+
+
+def _on_demand_problems(t: TrainConfig):
+    for parse, value in ((parse_step_range, t.profile_steps), (parse_ranks, t.profile_ranks)):
+        try:
+            parse(value)
+        except ValueError as exc:
+            yield str(exc)
+
+
+WANDB_MISSING = "train.wandb_project needs wandb, the [wandb] extra: pip install 'scaletrain[wandb]'"
+
+
+def _check_wandb(cfg: Config) -> Config:
+    # Only for a run being configured (resolve), not when a finished run's config.json is read back (from_dict).
+    # sys.modules first: a test may stand a fake wandb module in (find_spec fails on a module without __spec__).
+    if cfg.train.wandb_project and sys.modules.get("wandb") is None and importlib.util.find_spec("wandb") is None:
+        raise ConfigError(WANDB_MISSING)
+    return cfg
+
+
 LORA_TARGETS = ("qkv", "proj", "fc1", "fc2")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
@@ -401,7 +464,7 @@ def resolve(
     for text in overrides:
         key, value = parse_override(text)
         _io.merge(cfg, _io.nest(key, value), f"--set {text}")
-    return cfg.validate()
+    return _check_wandb(cfg.validate())
 
 
 def from_dict(table: dict[str, Any]) -> Config:

@@ -35,6 +35,7 @@ from scaletrain.train.optim import build_optimizer, lr_at, set_lr
 from scaletrain.train.perf import CommWaits, StepClock, result_block, start_run
 from scaletrain.train.protocol import NonFiniteLoss
 from scaletrain.train.signals import StopSignals
+from scaletrain.train.sinks import optional_sinks
 
 
 @dataclass
@@ -178,6 +179,7 @@ class Trainer:
                 total_label=self._budget_label(),
                 target=self.cfg.train.target_eval_loss,
                 memory_label="max allocated" if self.device.type == "cuda" else "peak RSS",
+                sinks=optional_sinks(self.cfg, self.run_dir),
             )
         self.prediction = start_run(self)  # measures the device; rank 0 writes prediction.json
         self.stop_signals.install()

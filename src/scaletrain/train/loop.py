@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.config import Config
+from scaletrain.train.profiling import StepProfiler
 from scaletrain.train.protocol import PREEMPTED, Engine, NonFiniteLoss, Observer, Preempted
 from scaletrain.train.rundir import dumps_strict
 from scaletrain.train.schedule import EvalSchedule
@@ -93,6 +94,8 @@ class _Loop:
         self.cfg, self.engine, self.observers = cfg, engine, observers
         self.run_dir, self.writer = run_dir, writer
         self.schedule = EvalSchedule(cfg)
+        # train.profile_steps / memory_snapshot (profiling.py); engines without rank/device are one CPU process.
+        self.profiler = StepProfiler(cfg.train, run_dir, getattr(engine, "rank", 0), getattr(engine, "device", None))
 
     def run(self, state: LoopState) -> None:
         engine, schedule = self.engine, self.schedule
@@ -125,7 +128,8 @@ class _Loop:
         state.t_stop = now_ms()
 
     def _step(self, state: LoopState) -> None:
-        out = self.engine.train_step()
+        with self.profiler.step(state.step + 1):
+            out = self.engine.train_step()
         loss = float(out["loss"])
         if not math.isfinite(loss):  # an engine that forgot its own check
             raise NonFiniteLoss(state.step + 1, loss)
@@ -184,6 +188,7 @@ class _Loop:
     def end(self, state: LoopState, quiet: bool = False) -> dict:
         """result.json: the loop's fields, then what each observer adds; then engine.finish. `quiet` (after a crash):
         failures of observers and of engine.finish must not hide the original one."""
+        self.profiler.close()  # a run that stopped inside train.profile_steps: write what was traced
         result = self._result(state)
         extra = getattr(self.engine, "result_extra", None)  # a Trainer's predicted_vs_measured (train/perf.py)
         if callable(extra):

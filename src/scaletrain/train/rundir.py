@@ -39,6 +39,8 @@ RUN_FILES = (
     "mllog.txt",
     "metrics.jsonl",
     "tensorboard",
+    "profile",  # train.profile_steps / memory_snapshot (profiling.py)
+    "wandb",  # the W&B sink's local files (sinks.py)
     "checkpoints",
     "loss.png",
     "perf.png",
