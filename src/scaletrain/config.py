@@ -132,6 +132,10 @@ class TrainConfig:
     """Stop when the validation log perplexity is at or below this (gpt3: 2.69)."""
     threads: int = 0
     """torch intra-op threads on CPU for the whole node, split evenly among its ranks; 0 keeps torch's default."""
+    probe_window_s: float = 0.03
+    """On CPU, seconds each start-up measurement of the device (GEMM rates, copy bandwidth; prediction.json's device
+    block) averages over, three of them per run on rank 0; longer reads a busy host more steadily
+    (benchmarks/cpu_calibration.py uses 0.3)."""
     log_interval: int = 1
     """Write a metrics.jsonl line, and off a terminal print a log line, every this many steps (evaluations: always)."""
     run_dir: str = "runs/latest"
@@ -356,6 +360,8 @@ def _problems(c: Config):
             yield f"train.{name}={getattr(t, name)}: must be >= 0"
     if t.log_interval <= 0:
         yield f"train.log_interval={t.log_interval}: must be > 0"
+    if not (0 < t.probe_window_s <= 10):  # NaN fails too
+        yield f"train.probe_window_s={t.probe_window_s}: must be in (0, 10] seconds"
     yield from _on_demand_problems(t)
     if o.lr <= 0:
         yield f"optim.lr={o.lr}: must be > 0"

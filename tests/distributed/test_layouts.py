@@ -34,9 +34,11 @@ def train_losses(rank, world_size, corpus_paths, extra, run_dir, steps=STEPS):
     out = [trainer.train_step() for _ in range(steps)]
     losses = [r["loss"] for r in out]
     norms = [r["grad_norm"] for r in out]
+    comm = [r["comm_exposed_s"] for r in out]
     eval_loss = trainer.evaluate()
     trainer.finish({})
-    return {"losses": losses, "grad_norms": norms, "eval": eval_loss, "layout": trainer.layout.describe()}
+    return {"losses": losses, "grad_norms": norms, "eval": eval_loss, "layout": trainer.layout.describe(),
+            "comm_exposed_s": comm}
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +86,10 @@ def test_two_rank_layout_matches_single_process(name, corpus_paths, reference, t
     results = run_ranks(train_losses, 2, corpus_paths, LAYOUTS_2[name], str(tmp_path), timeout=300)
     for r in results:
         _compare(reference, r, name)
+    # Every layout's collectives are timed where they wait, DTensor's functional ones (tp_sp, cp) included; only
+    # DDP's gradient all-reduce is waited for inside C++, but its loss all-reduce is seen.
+    for rank, r in enumerate(results):
+        assert all(c > 0 for c in r["comm_exposed_s"]), (name, rank, r["comm_exposed_s"])
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS_4))

@@ -79,6 +79,9 @@ def test_golden_run_and_run_directory_contract(excerpt_corpus, tmp_path):
     dev = pred["device"]
     assert dev["kind"] == "cpu" and dev["catalog_key"] is None and dev["measured"] and dev["threads"] == 1
     assert dev["peak_flops"] == dev["gemm_flops"]["fp32"] > 0 and dev["mem_bw_bytes_s"] > 0
+    # One rank: the host figures are its own, and it keeps all of them.
+    assert dev["local_ranks"] == 1 and dev["cores"] >= 1 and dev["probe_window_s"] == 0.03
+    assert (dev["host_peak_flops"], dev["host_mem_bw_bytes_s"]) == (dev["peak_flops"], dev["mem_bw_bytes_s"])
     for key in ("step_time_s", "tokens_per_s", "mfu", "memory_per_rank_gib"):
         assert pred[key] > 0, key
     assert pred["tokens_per_s"] == pytest.approx(16 * 64 / pred["step_time_s"])

@@ -34,6 +34,23 @@ def test_cpu_device_from_measured_figures():
             cpu_system({**DEVICE, **bad})
 
 
+def test_ranks_sharing_a_host_are_priced_at_their_share():
+    from scaletrain.sim.host_device import core_share, rank_share
+    # Two one-thread ranks; the host's GEMM rate on two threads equals one thread's (two vCPUs that are one core's
+    # hyperthreads): each rank gets half of it. Its copy bandwidth doubles on two threads: each keeps all of its own.
+    two = {**DEVICE, "threads": 1, "cores": 2, "local_ranks": 2, "host_peak_flops": 1e11, "host_mem_bw_bytes_s": 4e10}
+    assert rank_share(two, "peak_flops") == pytest.approx(0.5) and rank_share(two, "mem_bw_bytes_s") == 1.0
+    gpu, node, fabric = cpu_system(two)
+    assert gpu.bf16_tflops == pytest.approx(0.05) and gpu.hbm_copy_tbps == pytest.approx(0.02)
+    assert fabric.busbw_gbps == pytest.approx(GLOO_BUSBW_GBPS)  # 2 threads on 2 cores: the ring keeps its cores
+    # Four one-thread ranks on two cores: half a core each, for the gloo ring too.
+    four = {**two, "local_ranks": 4, "host_peak_flops": 2e11}
+    assert core_share(four) == 0.5 and rank_share(four, "peak_flops") == pytest.approx(0.5)
+    assert cpu_system(four)[2].busbw_gbps == pytest.approx(GLOO_BUSBW_GBPS / 2)
+    # A block without host figures (an older run) falls back on the core count; without that, no sharing.
+    assert rank_share({**four, "host_peak_flops": None}, "peak_flops") == 0.5 and core_share(DEVICE) == 1.0
+
+
 def _tiny():
     w = load_workload("gpt3-proxy", ("model.n_layers=2", "model.d_model=64", "model.n_heads=2", "model.seq_len=64",
                                      "model.vocab_size=1024"))
@@ -60,7 +77,7 @@ def test_breakdown_mapping_keeps_the_total_and_nests_communication():
     sim = {"compute": 1.0, "dp_exposed": 0.25, "tp_exposed": 0.125, "optimizer": 0.5, "overhead": 0.0625,
            "sync": 0.0, "straggler": 0.03125, "pp_bubble": 0.25, "new_term": 0.5}
     out = map_breakdown(sim)
-    assert out == {"data_s": 0.0, "fwd_bwd_s": 1.65625, "optimizer_s": 0.5, "comm_exposed_s": 0.40625,
+    assert out == {"data_s": 0.0, "fwd_bwd_s": 1.65625, "optimizer_s": 0.5, "comm_exposed_s": 0.65625,
                    "other_s": 0.5625}
     assert out["data_s"] + out["fwd_bwd_s"] + out["optimizer_s"] + out["other_s"] == pytest.approx(sum(sim.values()))
 

@@ -156,14 +156,15 @@ def test_calibrate_run_dir_errors(tmp_path, capsys):
 
 def test_runs_are_read_from_their_files_and_default_fsdp_is_zero3(tmp_path):
     from scaletrain.parallel.sim_layout import sim_inputs
+    from scaletrain.sim.catalog import load_catalog
     from scaletrain.sim.runs import read_run
     _fake_run(tmp_path / "fsdp", 0.5, world_size=8, overrides=["train.global_batch_size=32", "train.micro_batch_size=2"])
-    run = read_run(tmp_path / "fsdp", sim_inputs)
+    run = read_run(tmp_path / "fsdp", sim_inputs, load_catalog())
     assert (run.gpu, run.world_size, run.step_time_s) == ("h200", 8, 0.5)
     assert (run.layout.gpus, run.layout.dp, run.layout.zero, run.layout.mbs) == (8, 8, 3, 2)  # dp_shard=-1: FSDP
     _fake_run(tmp_path / "tp", 0.5, world_size=8, overrides=["parallel.tp=2", "parallel.dp_replicate=4",
                                                              "parallel.dp_shard=1"])
-    run = read_run(tmp_path / "tp", sim_inputs, gpu="h100")
+    run = read_run(tmp_path / "tp", sim_inputs, load_catalog(), gpu="h100")
     assert (run.gpu, run.layout.tp, run.layout.dp, run.layout.zero) == ("h100", 2, 4, 3)  # TP + replicate: HSDP
     assert run.layout.zero_shards == 1
 

@@ -39,6 +39,8 @@ class Cluster:
     node: Node
     fabric: Fabric
     gpus: int
+    bw_eff: float = 1.0
+    """Fraction of the modelled NVLink and fabric bandwidths the collectives reach (`Efficiency.comm_eff`)."""
 
     @property
     def nodes(self) -> int:
@@ -67,14 +69,14 @@ class Cluster:
         mesh (one direct link per peer) only the g-1 links to the group's own members carry its traffic."""
         domain = self.node.nvlink_domain
         if self.node.topology != "mesh" or domain <= 1:
-            return 1.0
-        return min(1.0, (g - 1) / (domain - 1))
+            return self.bw_eff
+        return min(1.0, (g - 1) / (domain - 1)) * self.bw_eff
 
     @property
     def nic_share(self) -> float:
         """Fraction of one NIC's bandwidth each GPU gets on the fabric (1 with a NIC per GPU, as in every shipped
         node; less where GPUs share NICs)."""
-        return min(1.0, self.node.nics / self.node.gpus_per_node)
+        return min(1.0, self.node.nics / self.node.gpus_per_node) * self.bw_eff
 
     def collective(self, op: str, n: int, size: float, stride: int = 1) -> float:
         """Seconds for `op` ("all_reduce", "reduce_scatter", "all_gather") of a `size`-byte buffer over n ranks.

@@ -13,6 +13,7 @@ from pathlib import Path
 from scaletrain import benchmarks
 from scaletrain.log import get_logger
 from scaletrain.sim import calibrate as cal
+from scaletrain.sim.calibrate_modes import calibrate_from_runs, calibrate_layer_timings
 from scaletrain.sim.catalog import load_catalog
 from scaletrain.sim.efficiency import efficiency_for
 from scaletrain.sim.predict import Prediction, predict
@@ -267,12 +268,11 @@ def cmd_calibrate(args) -> int:
     a catalog override with the measured GEMM curve), and write them where predictions pick them up."""
     cat = load_catalog(args.catalog)
     if getattr(args, "layer_timings", None):
-        doc = _calibrate_layer_timings(args, cat)
+        doc = calibrate_layer_timings(args, cat)
     elif args.run_dirs:
-        from scaletrain.sim.runs import calibrate_runs, read_run
-
-        runs = [read_run(d, _sim_inputs(args), args.gpu) for d in args.run_dirs]
-        doc = {"sets": calibrate_runs(runs, args.calibration, cat)}
+        doc = calibrate_from_runs(args, _sim_inputs(args), cat)
+    elif args.held_out:
+        raise ValueError("--held-out RUN_DIR: give the runs to fit on too (sim calibrate RUN_DIR... --held-out ...)")
     else:
         rows, errors = _results(args.published or [])
         for where, why in errors:
@@ -295,36 +295,6 @@ def cmd_calibrate(args) -> int:
     else:
         print(text)
     return 0
-
-
-def _calibrate_layer_timings(args, cat) -> dict:
-    """--layer-timings: measured GEMM curve and ceilings -> catalog override TOML; gemm_eff (and the per-step
-    overhead) -> the efficiency set "measured/<generation>"."""
-    from scaletrain.sim.efficiency import GENERATION
-
-    doc = json.loads(Path(args.layer_timings).read_text())
-    key = args.gpu or doc.get("layer_timings", doc).get("gpu")
-    base = efficiency_for(args.calibration, cat.gpu(key).key)[1] if key else None
-    fit = cal.fit_layer_timings(doc, cat, args.gpu, base)
-    rep, eff = fit["report"], fit["efficiency"]
-    for b in rep["blocks"]:
-        print(
-            f"block {b['model']} {' '.join(b['set'])} mbs{b['mbs']}{' fp8' if b['fp8'] else ''}: measured "
-            f"{1000 * b['measured_s']:.2f} ms, shipped model {1000 * b['shipped_s']:.2f} ms, "
-            f"fitted {1000 * b['fitted_s']:.2f} ms"
-        )
-    print(
-        f"measured/{GENERATION.get(fit['gpu'], fit['gpu'])}: gemm_eff {eff.gemm_eff:.3f}, step_overhead_s "
-        f"{eff.step_overhead_s:.4f}; catalog fields {', '.join(fit['catalog']) or 'none'}"
-    )
-    toml = cal.catalog_toml(fit["gpu"], fit["catalog"], Path(args.layer_timings).name)
-    cat_out = args.catalog_out or (str(Path(args.out).with_suffix(".toml")) if args.out else None)
-    if cat_out:
-        Path(cat_out).write_text(toml)
-        print(f"wrote {cat_out}; use it with --catalog {cat_out} (or SCALETRAIN_CATALOG={cat_out})")
-    else:
-        print(toml)
-    return {"sets": {f"measured/{GENERATION.get(fit['gpu'], fit['gpu'])}": eff.to_dict()}, "layer_timings": rep}
 
 
 def cmd_plot(args) -> int:
@@ -452,9 +422,20 @@ def add_parsers(sub) -> None:
     )
     v.set_defaults(func=cmd_validate)
     c = ssub.add_parser("calibrate", help="fit efficiency scalars", description=cmd_calibrate.__doc__)
-    c.add_argument("run_dirs", nargs="*", help="scaletrain run directories measured on a GPU")
+    c.add_argument(
+        "run_dirs",
+        nargs="*",
+        help="scaletrain run directories to fit on (their config.json, prediction.json and measured step "
+        "breakdown in metrics.jsonl; CPU or GPU)",
+    )
+    c.add_argument(
+        "--held-out",
+        action="append",
+        metavar="RUN_DIR",
+        help="also predict this run with the fitted terms and report its error (repeatable; not fitted on)",
+    )
     c.add_argument("--published", action="append", metavar="CSV", help="results CSV to fit on (default: shipped)")
-    c.add_argument("--gpu", help="catalog GPU the runs used (default: the 'gpu' of their metrics.jsonl records)")
+    c.add_argument("--gpu", help="catalog GPU the runs used (default: the device their prediction.json records)")
     c.add_argument("--calibration", help="set whose other scalars runs start from (default newest)")
     c.add_argument("--catalog", action="append", default=[], metavar="TOML")
     c.add_argument("--out", help="write the fitted sets here (JSON; point $SCALETRAIN_EFFICIENCY at it)")

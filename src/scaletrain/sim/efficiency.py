@@ -42,6 +42,11 @@ class Efficiency:
     """Fraction of the MoE dispatch/combine all-to-all not hidden under computation (1 = none hidden, Megatron
     without its all-to-all overlap; DeepSeek-V3's DualPipe hides most). No calibration row has experts, so it is not
     fitted: this prior is what every set carries."""
+    comm_eff: float = 1.0
+    """Fraction of the modelled collective bandwidths (the catalog's NVLink and fabric bus bandwidths, measured with
+    nccl-tests) that collectives reach inside a training step. 1 in every published-result set (not fitted there:
+    the DP overlap and TP exposure absorb what the rows show); `sim calibrate RUN_DIR...` fits it where measured
+    runs show slower collectives, e.g. gloo on a CPU host, whose collective threads share the cores with compute."""
     fp4_eff: float = 1.0
     """Fraction of the FP4 GEMM ceiling a training step reaches relative to the fraction of the FP8 one (gemm_eff):
     FP4 GEMMs are shorter, so quantisation, scale handling and the non-GEMM work between them weigh more."""
@@ -59,7 +64,8 @@ class Efficiency:
 
 def load_efficiencies() -> dict:
     """Fitted sets: {"sets": {"v4.1/hopper": {...}, ...}, "sku_gemm": {gpu: multiplier}, "benchmarks": {benchmark:
-    {scalar: value}}, "fit": {...}} (`efficiency_for` says how they combine).
+    {scalar: value}}, "fit": {...}} (`efficiency_for` says how they combine), and from a fit on measured runs
+    "gemm_classes": {set: [{"gflop", "gemm_eff", ...}]} (`gemm_classes.eff_at`).
 
     The shipped sim/data/efficiency.json (fitted on the published calibration rows), then the file named by
     $SCALETRAIN_EFFICIENCY (what `scaletrain sim calibrate --out` writes), whose sets win.
@@ -71,6 +77,7 @@ def load_efficiencies() -> dict:
         try:
             extra = json.loads(open(user).read())
             doc["sets"].update(extra.get("sets", {}))
+            doc.setdefault("gemm_classes", {}).update(extra.get("gemm_classes", {}))
             for section in ("sku_gemm", "benchmarks"):
                 if section in extra:
                     doc[section] = extra[section]

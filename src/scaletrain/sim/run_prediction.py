@@ -30,7 +30,7 @@ step time; comm_exposed_s is the part of fwd_bwd_s and optimizer_s spent blocked
 
 SIM_TO_MEASURED = {
     "compute": "fwd_bwd_s",
-    "pp_bubble": "fwd_bwd_s",
+    "pp_bubble": "comm_exposed_s",
     "overlap_slowdown": "fwd_bwd_s",
     "tp_exposed": "comm_exposed_s",
     "cp_exposed": "comm_exposed_s",
@@ -43,7 +43,8 @@ SIM_TO_MEASURED = {
 }
 """Where each of the step model's terms (`step.StepResult.breakdown`) falls among the measured keys. Exposed
 communication, synchronisation and straggler waits happen inside forward/backward (gradient reductions end with the
-backward; the loss and label-count all-reduces sit in it), so they count in fwd_bwd_s as well as comm_exposed_s.
+backward; the loss and label-count all-reduces sit in it), so they count in fwd_bwd_s as well as comm_exposed_s; so
+does a pipeline stage's idle time (the bubble), which the stage spends blocked in its receives.
 The constant host overhead per step is "other"; the simulator prices no data loading (data_s 0)."""
 
 

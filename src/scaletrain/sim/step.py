@@ -12,7 +12,7 @@ chunk's first forward). Only the `Efficiency` scalars are fitted.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from scaletrain.sim import compute, schedule
 from scaletrain.sim.comm import Cluster
@@ -218,6 +218,8 @@ def step_time(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency, 
     event=False replaces the pipeline event simulation by its closed form on the busiest rank (what the
     planner uses to rank thousands of layouts before simulating the best).
     """
+    if eff.comm_eff != cl.bw_eff:
+        cl = replace(cl, bw_eff=eff.comm_eff)
     p, v, m = layout.pp, layout.vp, layout.microbatches
     fwd, bwd, exposed = stage_costs(w, layout, cl, eff)
     t = layout.tp

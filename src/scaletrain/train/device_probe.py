@@ -2,10 +2,10 @@
 
 GPU: the catalog entry found by the torch device name (sim/hardware/gpus.toml); its dense bf16 peak is the MFU
 denominator, as in the step records. CPU: measured at start-up in a fraction of a second at this process's thread
-count: the best of a few 384^3 GEMMs in fp32 and in bf16, a 16 MiB copy (bytes read + written per second) and
-the time of a tiny matmul (the fixed cost of one kernel). `sim/host_device.cpu_system` turns the block into the
-simulator's device. Every rank of a run probes at the same moment, so a rank's figures are its share of a host
-the ranks share.
+count: 384^3 GEMMs in fp32 and in bf16 and a 16 MiB copy (bytes read + written per second), each the mean over a
+window (`train.probe_window_s`, 30 ms by default), and the time of a tiny matmul (the fixed cost of one kernel). `sim/host_device.cpu_system` turns the block into the
+simulator's device. Rank 0 probes while the other ranks wait, so the figures are one rank's on an idle host; the
+block's `cores`, `local_ranks` and `threads` let the simulator price each rank's share of the cores.
 """
 
 from __future__ import annotations
@@ -21,35 +21,33 @@ from scaletrain.sim.catalog import load_catalog
 
 _GEMM_N = 384
 _COPY_BYTES = 16 << 20
-_BUDGET_S = 0.05  # per measurement: stop repeating once this much time went into it
+WINDOW_S = 0.03
+"""Default of `train.probe_window_s`: each rate is the mean over calls filling at least this window (several
+scheduler time slices), steadier than the best of a few calls on a host other processes use too."""
 
 
-def _best(fn, repeats: int) -> float:
-    """Shortest of `repeats` timed calls (fewer when they take long), after one untimed call."""
+def _mean_time(fn, repeats: int, window_s: float = WINDOW_S) -> float:
+    """Mean seconds per call over at least `repeats` calls and at least `window_s` of calls, after one untimed call."""
     fn()
-    best, spent = float("inf"), 0.0
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+    calls, t0 = 0, time.perf_counter()
+    while calls < repeats or time.perf_counter() - t0 < window_s:
         fn()
-        dt = time.perf_counter() - t0
-        best, spent = min(best, dt), spent + dt
-        if spent > _BUDGET_S:
-            break
-    return best
+        calls += 1
+    return (time.perf_counter() - t0) / calls
 
 
-def gemm_flops(dtype: torch.dtype, n: int = _GEMM_N, repeats: int = 3) -> float:
-    """FLOP/s of an n^3 matmul in `dtype` on CPU at the current thread count (best of `repeats`)."""
+def gemm_flops(dtype: torch.dtype, n: int = _GEMM_N, repeats: int = 3, window_s: float = WINDOW_S) -> float:
+    """FLOP/s of an n^3 matmul in `dtype` on CPU at the current thread count (mean over a window, `_mean_time`)."""
     a = torch.randn(n, n).to(dtype)
     b = torch.randn(n, n).to(dtype)
-    return 2.0 * n**3 / _best(lambda: torch.mm(a, b), repeats)
+    return 2.0 * n**3 / _mean_time(lambda: torch.mm(a, b), repeats, window_s)
 
 
-def copy_bandwidth(nbytes: int = _COPY_BYTES, repeats: int = 3) -> float:
-    """Bytes moved (read + written) per second by a large tensor copy on CPU (best of `repeats`)."""
+def copy_bandwidth(nbytes: int = _COPY_BYTES, repeats: int = 3, window_s: float = WINDOW_S) -> float:
+    """Bytes moved (read + written) per second by a large tensor copy on CPU (mean over a window)."""
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
-    return 2.0 * nbytes / _best(lambda: dst.copy_(src), repeats)
+    return 2.0 * nbytes / _mean_time(lambda: dst.copy_(src), repeats, window_s)
 
 
 def kernel_seconds(repeats: int = 30) -> float:
@@ -82,31 +80,59 @@ def _host_memory_bytes() -> float:
 
 
 @lru_cache(maxsize=4)
-def probe_cpu(dtype: str, threads: int) -> dict:
+def probe_cpu(dtype: str, threads: int, window_s: float = WINDOW_S) -> dict:
     """The "device" block of a CPU run in `dtype` ("fp32" or "bf16") on `threads` threads (measured once per
-    process and thread count): peak_flops is the run dtype's GEMM rate; gemm_flops holds both."""
-    gemm = {"fp32": gemm_flops(torch.float32), "bf16": gemm_flops(torch.bfloat16)}
+    process, thread count and window): peak_flops is the run dtype's GEMM rate; gemm_flops holds both.
+
+    With several ranks on the host (LOCAL_WORLD_SIZE), the host's own rates are measured too, by this process alone
+    on as many threads as all its ranks run (at most the cores): host_peak_flops and host_mem_bw_bytes_s. The
+    simulator prices each rank at its share of them (`sim/host_device.rank_share`): a VM's "cores" may be
+    hyperthreads of fewer physical ones, which only such a measurement shows."""
+    gemm = {"fp32": gemm_flops(torch.float32, window_s=window_s), "bf16": gemm_flops(torch.bfloat16, window_s=window_s)}
     ranks_here = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    bw = copy_bandwidth(window_s=window_s)
+    host_threads = min(_cores(), ranks_here * threads)
+    host_flops, host_bw = gemm[dtype], bw
+    if host_threads != threads:
+        torch.set_num_threads(host_threads)
+        try:
+            host_flops = gemm_flops(torch.float32 if dtype == "fp32" else torch.bfloat16, window_s=window_s)
+            host_bw = copy_bandwidth(window_s=window_s)
+        finally:
+            torch.set_num_threads(threads)
     return {
         "kind": "cpu",
         "name": _cpu_name(),
         "catalog_key": None,
         "peak_flops": gemm[dtype],
-        "mem_bw_bytes_s": copy_bandwidth(),
+        "mem_bw_bytes_s": bw,
         "measured": True,
         "threads": threads,
         "dtype": dtype,
         "gemm_flops": gemm,
         "kernel_s": kernel_seconds(),
         "memory_bytes": _host_memory_bytes() / ranks_here,
+        "cores": _cores(),
+        "local_ranks": ranks_here,
+        "host_threads": host_threads,
+        "host_peak_flops": host_flops,
+        "host_mem_bw_bytes_s": host_bw,
+        "probe_window_s": window_s,
     }
 
 
-def device_figures(device: torch.device, dtype: str) -> dict:
-    """prediction.json's "device" block for `device` (CPU: measured now, see `probe_cpu`; CUDA: the catalog entry
-    by device name, "catalog_key" null and no peak when the catalog does not know it)."""
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def device_figures(device: torch.device, dtype: str, window_s: float = WINDOW_S) -> dict:
+    """prediction.json's "device" block for `device` (CPU: measured now over `window_s` per figure, see `probe_cpu`;
+    CUDA: the catalog entry by device name, "catalog_key" null and no peak when the catalog does not know it)."""
     if device.type != "cuda":
-        return dict(probe_cpu(dtype, torch.get_num_threads()))
+        return dict(probe_cpu(dtype, torch.get_num_threads(), window_s))
     name = torch.cuda.get_device_name(device)
     gpu = load_catalog().gpu_for_device(name)
     return {

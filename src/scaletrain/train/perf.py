@@ -13,11 +13,13 @@ Measured breakdown of a step (metrics.jsonl, seconds; `Trainer.train_step` takes
 
 What comm_exposed_s counts: every wait on a `torch.distributed` work handle from Python (`Work.wait`, hooked while a
 Trainer runs, see `CommWaits`): the trainer's own all-reduces (synchronous ones wait through it), FSDP2's all-gather
-and reduce-scatter waits, and the pipeline schedule's send/receive waits. On CPU (gloo) it is wall time in the wait;
-on CUDA the time the current stream stalled on the collective, between CUDA events recorded around the wait (or the
-host's time in it where that is longer: a blocking wait).
+and reduce-scatter waits, and the pipeline schedule's send/receive waits; and every wait on a functional collective
+(`torch.distributed._functional_collectives.wait_tensor`, hooked the same way): DTensor's collectives of tensor and
+sequence parallelism, eager mode. On CPU (gloo) it is wall time in the wait; on CUDA the time the current stream
+stalled on the collective, between CUDA events recorded around the wait (or the host's time in it where that is
+longer: a blocking wait).
 Not counted: waits inside C++ that never return to Python (composable DDP's gradient all-reduce, which its reducer
-waits for at the end of backward, and DTensor's functional collectives of tensor parallelism), and on CUDA FSDP2's
+waits for at the end of backward; functional collectives inside a torch.compile graph), and on CUDA FSDP2's
 stream-to-stream waits. Those stay in fwd_bwd_s, so comm_exposed_s is a lower bound there.
 
 Evaluation records gain eval_s (the whole evaluation); a checkpoint save adds a line {"step", "checkpoint_s"} (the
@@ -53,10 +55,13 @@ class _WaitClock:
         self.users = 0
         self.cuda = False  # a CUDA run: time the current stream's stall too
         self.original = None
+        self.original_funcol = None
         self.lock = threading.Lock()
 
     def wrap(self, original):
         def wait(work, *args, **kwargs):
+            if torch.compiler.is_compiling():  # traced into a graph: no host wait to time, and no graph breaks
+                return original(work, *args, **kwargs)
             events = None
             if self.cuda:
                 events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -111,6 +116,10 @@ class CommWaits:
         if _CLOCK.users == 0:
             _CLOCK.original = work.wait
             work.wait = _CLOCK.wrap(_CLOCK.original)
+            funcol = _funcol()
+            if funcol is not None:
+                _CLOCK.original_funcol = funcol.wait_tensor
+                funcol.wait_tensor = _CLOCK.wrap(funcol.wait_tensor)
         _CLOCK.users += 1
         self.installed = True
 
@@ -123,12 +132,25 @@ class CommWaits:
         work = _work_class()
         if _CLOCK.users == 0 and work is not None and _CLOCK.original is not None:
             work.wait = _CLOCK.original
-            _CLOCK.original, _CLOCK.cuda = None, False
+            funcol = _funcol()
+            if funcol is not None and _CLOCK.original_funcol is not None:
+                funcol.wait_tensor = _CLOCK.original_funcol
+            _CLOCK.original, _CLOCK.original_funcol, _CLOCK.cuda = None, None, False
 
     @staticmethod
     def seconds() -> float:
         """Seconds blocked in collectives since the process first hooked them."""
         return _CLOCK.seconds()
+
+
+def _funcol():
+    """torch's functional collectives module: DTensor's collectives (tensor parallelism, sequence-parallel norms)
+    wait through its module-level `wait_tensor`, which never reaches a Python `Work.wait`."""
+    try:
+        import torch.distributed._functional_collectives as funcol
+    except ImportError:
+        return None
+    return funcol if callable(getattr(funcol, "wait_tensor", None)) else None
 
 
 def _work_class():
@@ -179,15 +201,21 @@ class StepClock:
 
 
 def start_run(trainer) -> dict | None:
-    """At the end of init, on every rank at once: measure the device, and on rank 0 predict the run and write
-    prediction.json (returned; None on other ranks). Hooks the collectives' waits for comm_exposed_s."""
+    """At the end of init: rank 0 measures the device, predicts the run and writes prediction.json (returned; None
+    on other ranks). Hooks the collectives' waits for comm_exposed_s on every rank."""
     import torch.distributed as dist
 
+    device = None
     if trainer.world_size > 1:
-        dist.barrier()  # every rank probes at the same moment: each measures its share of the host
-    device = device_figures(trainer.device, trainer.cfg.train.dtype)
+        dist.barrier()  # nothing else runs while rank 0 probes: the other ranks wait in the barrier below
+    if trainer.rank == 0:
+        # Rank 0 alone measures the host's rate at its thread count; the share its ranks get of the cores is
+        # applied by the simulator (sim/host_device.cpu_system), which is steadier than measuring them all at once.
+        device = device_figures(trainer.device, trainer.cfg.train.dtype, trainer.cfg.train.probe_window_s)
+    if trainer.world_size > 1:
+        dist.barrier()
     trainer.comm_waits.install(trainer.device)
-    if trainer.rank != 0:
+    if device is None:
         return None
     doc = predict(trainer.cfg, trainer.layout, device)
     write_prediction(trainer.run_dir, doc)
@@ -213,10 +241,10 @@ def predict(cfg, layout, device_block: dict) -> dict:
         doc["layout"] = layout.describe()
         w, cluster = sim_layout(cfg, layout)
         if device_block["kind"] == "cpu":
-            from scaletrain.sim.host_device import CPU_EFFICIENCY, cpu_system
+            from scaletrain.sim.host_device import cpu_efficiency, cpu_system
 
             gpu, node, fabric = cpu_system(device_block)
-            eff, eff_name = CPU_EFFICIENCY, "prior (CPU, uncalibrated)"
+            eff_name, eff = cpu_efficiency(w, cluster)
         else:
             from scaletrain.sim.catalog import load_catalog
             from scaletrain.sim.efficiency import efficiency_for
