@@ -67,13 +67,8 @@ def measure(n: int, layout: str, gbs: int, mbs: int, steps: int, data: list[str]
 
 
 def _data(tmp: str) -> list[str]:
-    from scaletrain.config import DataConfig, default_data_dir
-    from scaletrain.data.corpus import default_paths, prepare_excerpt
-    corpus = default_paths(default_data_dir(DataConfig()))
-    if not Path(str(corpus.train_prefix) + ".bin").exists():
-        corpus = prepare_excerpt(Path(tmp), 8192)
-    return [f"data.train_prefix={corpus.train_prefix}", f"data.valid_prefix={corpus.valid_prefix}",
-            f"data.tokenizer={corpus.tokenizer}"]
+    from scaletrain.data.corpus import default_or_excerpt
+    return default_or_excerpt(tmp)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -371,6 +371,21 @@ def prepare_excerpt(
     return corpus
 
 
+def default_or_excerpt(tmp_dir: str | Path, vocab_size: int = 8192) -> list[str]:
+    """`--set` overrides naming a corpus for a benchmark: the default corpus where `scaletrain data fetch` prepared
+    it, else the packaged excerpt built under `tmp_dir` (no network either way)."""
+    from ..config import DataConfig
+
+    corpus = default_paths(default_data_dir(DataConfig()))
+    if not Path(str(corpus.train_prefix) + ".bin").exists():
+        corpus = prepare_excerpt(Path(tmp_dir), vocab_size)
+    return [
+        f"data.train_prefix={corpus.train_prefix}",
+        f"data.valid_prefix={corpus.valid_prefix}",
+        f"data.tokenizer={corpus.tokenizer}",
+    ]
+
+
 def resolve_paths(data_cfg) -> tuple[Path, Path, Path | None]:
     """(train_prefix, valid_prefix, tokenizer) for a config.DataConfig; empty fields mean the default corpus.
 
