@@ -103,14 +103,14 @@ def _sensitive(runs: list[MeasuredRun], eff: Efficiency, name: str, lo: float, h
 def fit_group(runs: list[MeasuredRun], base: Efficiency) -> GroupFit:
     """Fit the terms the runs constrain, starting from `base` (see the module doc)."""
     eff, terms = base, {}
-    broken = [r for r in runs if r.parts]
-    if broken:
-        overhead = sorted(r.measured()["other"] for r in broken)[len(broken) // 2]
+    with_parts = [r for r in runs if r.parts]
+    if with_parts:
+        overhead = sorted(r.measured()["other"] for r in with_parts)[len(with_parts) // 2]
         eff = replace(eff, step_overhead_s=overhead)
         terms["step_overhead_s"] = {
             "value": overhead,
             "fitted": True,
-            "how": f"median data wait + other host time of {len(broken)} run(s)",
+            "how": f"median data wait + other host time of {len(with_parts)} run(s)",
         }
     by_class: dict[int, list[MeasuredRun]] = {}
     for r in runs:
@@ -133,12 +133,9 @@ def fit_group(runs: list[MeasuredRun], base: Efficiency) -> GroupFit:
     if kept != comm_terms:
         for name in comm_terms:
             if name not in kept:
-                terms[name] = {
-                    "value": getattr(base, name),
-                    "fitted": False,
-                    "how": "kept the prior: these runs cannot tell it from "
-                    f"{', '.join(k for k in kept if k != name) or 'the other terms'}",
-                }
+                earlier = [k for k in kept if comm_terms.index(k) < comm_terms.index(name)]
+                why = f"these runs cannot tell it from {', '.join(earlier)}" if earlier else "no effect at the fit"
+                terms[name] = {"value": getattr(base, name), "fitted": False, "how": f"kept the prior: {why}"}
                 eff = replace(eff, **{name: getattr(base, name)})
         eff, values = _descend(runs, comm_runs, by_class, base, eff, values, kept)
     for name in kept:
@@ -147,7 +144,7 @@ def fit_group(runs: list[MeasuredRun], base: Efficiency) -> GroupFit:
             "fitted": True,
             "how": f"exposed communication of {len(comm_runs)} run(s)",
         }
-    if not broken:
+    if not with_parts:
         eff = _fit_overhead_on_steps(runs, eff, values, terms)
 
     def pooled(v):
