@@ -35,7 +35,7 @@ SENSITIVITY = 0.02
 """A term is constrained when moving it across its bounds moves some run's predicted part by this fraction of the
 run's measured step time."""
 COMM_TERMS = {
-    "comm_eff": (0.02, 2.0, "any"),
+    "comm_eff": (0.02, 2.0, "collective"),
     "tp_exposed": (0.0, 1.0, "tensor-parallel"),
     "dp_overlap": (0.0, 1.0, "data-parallel (FSDP)"),
 }
