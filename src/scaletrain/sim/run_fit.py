@@ -34,7 +34,7 @@ from scaletrain.sim.runs import MeasuredRun, predicted, price
 SENSITIVITY = 0.02
 """A term is constrained when moving it across its bounds moves some run's predicted part by this fraction of the
 run's measured step time."""
-COMM_TERMS = {
+FITTED_COMM_TERMS = {
     "comm_eff": (0.02, 2.0, "collective"),
     "tp_exposed": (0.0, 1.0, "tensor-parallel"),
     "dp_overlap": (0.0, 1.0, "data-parallel (FSDP)"),
@@ -118,7 +118,7 @@ def fit_group(runs: list[MeasuredRun], base: Efficiency) -> GroupFit:
     values = dict.fromkeys(by_class, eff.gemm_eff)
     comm_runs = _comm_runs(runs)
     comm_terms = []
-    for name, (lo, hi, kind) in COMM_TERMS.items():
+    for name, (lo, hi, kind) in FITTED_COMM_TERMS.items():
         if comm_runs and _sensitive(comm_runs, eff, name, lo, hi, "comm"):
             comm_terms.append(name)
         else:
@@ -190,18 +190,18 @@ def _descend(runs, comm_runs, by_class, base, eff, values, comm_terms):
                     total += _part_error(r, e, "comm")
                 return total
 
-            lo, hi, _ = COMM_TERMS[name]
+            lo, hi, _ = FITTED_COMM_TERMS[name]
             eff = replace(eff, **{name: _golden(cerr, lo, hi, getattr(eff, name), iters=40)})
     return eff, values
 
 
 def _identifiable(comm_runs: list[MeasuredRun], eff: Efficiency, names: list[str]) -> list[str]:
-    """The terms of `names` (in COMM_TERMS order) whose effect on the runs' exposed communication is not, to within
+    """The terms of `names` (in FITTED_COMM_TERMS order) whose effect on the runs' exposed communication is not, to within
     IDENTIFIABLE, a combination of the earlier ones' (Gram-Schmidt on the columns of the runs' Jacobian at `eff`)."""
     basis: list[list[float]] = []
     kept = []
     for name in names:
-        lo, hi, _ = COMM_TERMS[name]
+        lo, hi, _ = FITTED_COMM_TERMS[name]
         v, h = getattr(eff, name), 0.05 * (hi - lo)
         a, b = max(lo, v - h), min(hi, v + h)
         col = [

@@ -24,17 +24,17 @@ from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import GENERATION, Efficiency
 from scaletrain.sim.gemm_classes import run_gemm_gflop
 from scaletrain.sim.host_device import CPU_KEY, cpu_system
-from scaletrain.sim.run_prediction import MEASURED_KEYS, read_prediction, steady_median
+from scaletrain.sim.run_prediction import MEASURED_KEYS, SIM_TO_MEASURED, read_prediction, steady_median
 from scaletrain.sim.step import StepResult, step_time
 from scaletrain.sim.workload import ClusterLayout, Workload
 
 SimInputs = Callable[[Config, int], tuple[Workload, ClusterLayout]]
 """(config, world size) -> the simulator's inputs: `scaletrain.parallel.sim_layout.sim_inputs`."""
 
-COMM_TERMS = ("tp_exposed", "cp_exposed", "ep_exposed", "dp_exposed", "sync", "straggler", "pp_bubble")
+COMM_TERMS = tuple(t for t, key in SIM_TO_MEASURED.items() if key == "comm_exposed_s")
 """Step-model terms a rank spends blocked in collectives or point-to-point transfers, which the trainer measures as
-comm_exposed_s (a pipeline stage's idle time is a wait in its receive)."""
-COMPUTE_TERMS = ("compute", "overlap_slowdown")
+comm_exposed_s (`run_prediction.SIM_TO_MEASURED`)."""
+COMPUTE_TERMS = tuple(t for t, key in SIM_TO_MEASURED.items() if key == "fwd_bwd_s")
 """Step-model terms of busy forward/backward time: fwd_bwd_s - comm_exposed_s."""
 
 
