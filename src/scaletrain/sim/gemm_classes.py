@@ -65,9 +65,10 @@ def eff_at(classes: list[dict], gflop: float) -> tuple[float, bool]:
     return pts[-1][1], False  # unreachable: gflop < pts[-1][0]
 
 
-def apply(eff: Efficiency, classes: list[dict] | None, w: Workload, layout: ClusterLayout) -> tuple[Efficiency, bool]:
-    """(eff with the gemm_eff of `w` in `layout`'s shape class, extrapolated); `eff` itself without classes."""
+def apply(eff: Efficiency, classes: list[dict] | None, gflop: float) -> tuple[Efficiency, bool]:
+    """(eff with the gemm_eff of a run whose GEMMs average `gflop` (`run_gemm_gflop`), extrapolated); `eff` itself
+    without classes."""
     if not classes:
         return eff, False
-    value, extrapolated = eff_at(classes, run_gemm_gflop(w, layout))
+    value, extrapolated = eff_at(classes, gflop)
     return replace(eff, gemm_eff=value), extrapolated

@@ -50,8 +50,9 @@ def cpu_efficiency(w: Workload, layout: ClusterLayout) -> tuple[str, Efficiency]
     doc = load_efficiencies()
     if CPU_SET not in doc["sets"]:
         return "prior (CPU, uncalibrated)", CPU_EFFICIENCY
+    classes = doc.get("gemm_classes", {}).get(CPU_SET)
     eff, extrapolated = gemm_classes.apply(
-        Efficiency.from_dict(doc["sets"][CPU_SET]), doc.get("gemm_classes", {}).get(CPU_SET), w, layout
+        Efficiency.from_dict(doc["sets"][CPU_SET]), classes, gemm_classes.run_gemm_gflop(w, layout)
     )
     return f"{CPU_SET} ($SCALETRAIN_EFFICIENCY{', shape class extrapolated' if extrapolated else ''})", eff
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from scaletrain.sim.calibrate import _golden
 from scaletrain.sim.efficiency import Efficiency, efficiency_for
-from scaletrain.sim.gemm_classes import class_index, class_label, eff_at
+from scaletrain.sim.gemm_classes import apply, class_index, class_label
 from scaletrain.sim.host_device import CPU_EFFICIENCY, CPU_KEY
 from scaletrain.sim.runs import MeasuredRun, predicted, price
 
@@ -65,10 +65,7 @@ class GroupFit:
 
     def eff_for(self, run: MeasuredRun) -> tuple[Efficiency, bool]:
         """(Efficiency for `run`: its shape class's gemm_eff, extrapolated beyond the fitted classes?)."""
-        if not self.classes:
-            return self.eff, False
-        value, extrapolated = eff_at(self.classes, run.gemm_gflop)
-        return replace(self.eff, gemm_eff=value), extrapolated
+        return apply(self.eff, self.classes, run.gemm_gflop)
 
 
 def _part_error(run: MeasuredRun, eff: Efficiency, part: str) -> float:
