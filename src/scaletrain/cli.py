@@ -1,7 +1,7 @@
 """Thin command line: parse -> resolve the one Config -> call one function per subcommand.
 
-Every expected failure (bad config, bad data, missing file, a busy or occupied run directory) ends as ONE line
-on stderr and exit status 2. `train`/`bench` exit 0 when the run converged or used up its step budget as asked
+Every expected failure (bad config, bad data, missing file, a busy or occupied run directory, a full disk) ends as
+ONE line on stderr and exit status 2. `train`/`bench` exit 0 when the run converged or used up its step budget as asked
 (result.json says which), 1 when it diverged or crashed (train/run.py EXIT_CODES).
 """
 
@@ -398,11 +398,12 @@ def _run(args) -> int:
         return _run_sim(args)
     from scaletrain.checkpoint.store import CheckpointError
     from scaletrain.data.indexed import DataError
+    from scaletrain.diskfull import DiskFullError
     from scaletrain.train.protocol import Preempted
 
     try:
         return args.func(args)
-    except (ConfigError, DataError, CheckpointError, FileNotFoundError) as exc:
+    except (ConfigError, DataError, CheckpointError, DiskFullError, FileNotFoundError) as exc:
         log.error(str(exc))
         return 2
     except KeyboardInterrupt:

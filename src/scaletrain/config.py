@@ -272,7 +272,13 @@ class Config:
         """Write config.json into run_dir and return its path."""
         path = Path(run_dir) / "config.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_json() + "\n")
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            tmp.write_text(self.to_json() + "\n")
+            tmp.replace(path)  # a full disk mid-write leaves the previous config.json (a resumed run's) whole
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         return path
 
     def validate(self) -> Config:

@@ -13,6 +13,7 @@ import torch
 from scaletrain.checkpoint.checkpointer import Checkpointer
 from scaletrain.checkpoint.store import CheckpointError, complete_checkpoints, sha256, verify
 from scaletrain.cli import main
+from scaletrain.diskfull import DiskFullError
 from scaletrain.train.engine import Trainer
 
 from test_train_e2e import tiny_config
@@ -110,10 +111,11 @@ def test_full_disk_during_save_keeps_earlier_checkpoints(excerpt_corpus, run_cop
     def no_space(self, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(FileSystemWriter, "write_data", no_space)
-    with pytest.raises(CheckpointError) as err:
+    with pytest.raises(DiskFullError) as err:
         trainer.save_checkpoint({})
     msg = str(err.value)
-    assert "step 5" in msg and "ENOSPC (No space left on device)" in msg and "\n" not in msg
+    tmp = run_copy / "checkpoints" / "step_00000005.tmp"
+    assert msg.startswith(f"no space left on device while writing {tmp} (checkpoint at step 5;") and "\n" not in msg
     assert not list((run_copy / "checkpoints").glob("*.tmp"))
     assert _snapshot(run_copy) == before
     for path in complete_checkpoints(run_copy / "checkpoints"):

@@ -21,6 +21,7 @@ from mlperf_logging.mllog import constants as C  # noqa: F401  (re-exported for 
 from mlperf_logging.mllog.mllog import MLLogger
 
 from scaletrain.checkpoint.store import CheckpointError
+from scaletrain.diskfull import DiskFullError, is_no_space, writing
 
 __all__ = ["MLLogWriter", "C", "now_ms", "read_mllog", "restore_mllog", "TOKEN", "MLLOG"]
 
@@ -39,6 +40,21 @@ _ids = itertools.count()
 def now_ms() -> int:
     """Wall-clock milliseconds since the epoch: the clock mllog stamps `time_ms` with (int(time.time() * 1e3))."""
     return int(time.time() * 1e3)
+
+
+class _FileHandler(logging.FileHandler):
+    """A FileHandler that keeps a full disk for MLLogWriter to raise as one line; logging itself would print a
+    traceback and carry on without the line."""
+
+    failed: BaseException | None = None
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        """Keep a full disk (the writer raises it); any other error as logging does."""
+        exc = sys.exc_info()[1]
+        if exc is not None and is_no_space(exc, self.baseFilename):
+            self.failed = exc
+            return
+        super().handleError(record)
 
 
 class MLLogWriter:
@@ -62,7 +78,8 @@ class MLLogWriter:
         self._handlers: list[logging.Handler] = []
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._handlers.append(logging.FileHandler(self.path, mode=mode, encoding="utf-8"))
+            with writing(self.path):
+                self._handlers.append(_FileHandler(self.path, mode=mode, encoding="utf-8"))
         else:
             self._handlers.append(logging.NullHandler())
         if echo:
@@ -115,6 +132,10 @@ class MLLogWriter:
             raise RuntimeError(f"MLLogWriter({self.path}) is closed; cannot log {key!r}")
         stamp = now_ms() if time_ms is None else int(time_ms)
         method(key, value, metadata=metadata, time_ms=stamp, stack_offset=_OWN_FRAMES + stack_offset)
+        for handler in self._handlers:
+            if getattr(handler, "failed", None) is not None:
+                handler.failed = None  # type: ignore[attr-defined]
+                raise DiskFullError(self.path or "mllog", f"MLLOG line {key!r} lost")
         return stamp
 
     # ------------------------------------------------------------------ lifetime
@@ -125,19 +146,26 @@ class MLLogWriter:
 
     def flush(self) -> None:
         """Flush buffered lines to disk."""
-        for handler in self._handlers:
-            handler.flush()
+        with writing(self.path or "mllog"):
+            for handler in self._handlers:
+                handler.flush()
 
     def close(self) -> None:
         """Flush and close the file and detach every handler from the logger; idempotent."""
         if self.closed:
             return
-        for handler in self._handlers:
-            handler.flush()
-            self._logger.removeHandler(handler)
-            handler.close()
-        self._handlers.clear()
-        self.closed = True
+        try:
+            with writing(self.path or "mllog"):
+                for handler in self._handlers:
+                    self._logger.removeHandler(handler)
+                    handler.flush()
+                    handler.close()
+        finally:
+            for handler in self._handlers:  # after a full disk too: the logger keeps no handler and no open file
+                self._logger.removeHandler(handler)
+                handler.close()
+            self._handlers.clear()
+            self.closed = True
 
     def __enter__(self) -> MLLogWriter:
         return self

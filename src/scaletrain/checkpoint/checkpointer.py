@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from scaletrain.checkpoint import store
 from scaletrain.checkpoint.store import CheckpointError
+from scaletrain.diskfull import disk_full, writing
 from scaletrain.model.lora import is_lora_param
 
 if TYPE_CHECKING:
@@ -128,7 +129,11 @@ class Checkpointer:
         return due
 
     def save(self, step: int, parts, optimizers, trainer_state: dict) -> Path:
-        """Write step_<step>; with async_save return once staged and publish on the next save or at finish()."""
+        """Write step_<step>; with async_save return once staged and publish on the next save or at finish().
+
+        A failed save removes its `.tmp` and raises one line: DiskFullError (`no space left on device while writing
+        …/step_<N>.tmp`) for a full disk or quota, CheckpointError naming the OS error otherwise.
+        """
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import FileSystemWriter
 
@@ -146,13 +151,17 @@ class Checkpointer:
                 import shutil
 
                 shutil.rmtree(tmp)  # left by a crash mid-save: never published, safe to discard
-            tmp.mkdir(parents=True)
+            with writing(tmp, f"checkpoint at step {step}; earlier checkpoints are untouched"):
+                tmp.mkdir(parents=True)
         self._barrier()
         flat, _ = self.state_dict(parts, optimizers)
         info = {"step": step, **trainer_state}
         try:
             my_files = self._write_sidecars(tmp, info, rank)
             writer = FileSystemWriter(tmp, sync_files=True)
+            if self.async_save and not dist.is_initialized():
+                # DCP's writer thread warns too, after the block below has restored the filters: for the process.
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
             with warnings.catch_warnings():
                 # One process without a process group is a supported case, not worth a warning on every save.
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
@@ -165,7 +174,7 @@ class Checkpointer:
                     dcp.save(flat, storage_writer=writer)
                     self._publish(tmp, final, info, my_files)
         except (Exception, _dcp_exception()) as exc:  # OSError, or DCP's wrapper (a BaseException) around it
-            self._abandon(tmp)
+            self._fail(exc, tmp, step)
             raise CheckpointError(
                 f"checkpoint save at step {step} into {tmp} failed: {_cause(exc)}; earlier checkpoints are untouched"
             ) from None
@@ -173,7 +182,7 @@ class Checkpointer:
         return final
 
     def finish(self) -> None:
-        """Wait for an asynchronous save and publish it (call at run end)."""
+        """Wait for an asynchronous save and publish it (call at run end); fails as save() does."""
         if self._pending is None:
             return
         future, tmp, final, info, my_files = self._pending
@@ -182,7 +191,7 @@ class Checkpointer:
             future.result()
             self._publish(tmp, final, info, my_files)
         except (Exception, _dcp_exception()) as exc:
-            self._abandon(tmp)
+            self._fail(exc, tmp, info["step"])
             raise CheckpointError(
                 f"asynchronous checkpoint save into {tmp} failed: {_cause(exc)}; earlier checkpoints are untouched"
             ) from None
@@ -192,7 +201,9 @@ class Checkpointer:
         rng = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state()
-        torch.save(rng, tmp / f"rng_rank{rank}.pt")
+        # Through a Python file: torch's C++ writer on a path would drop the errno of a full disk.
+        with open(tmp / f"rng_rank{rank}.pt", "wb") as f:
+            torch.save(rng, f)
         names.append(f"rng_rank{rank}.pt")
         if rank == 0:
             store.write_json_durably(tmp / store.TRAINER, info)
@@ -216,6 +227,16 @@ class Checkpointer:
             store.publish(tmp, final, files, {"step": info["step"], "world_size": len(gathered)})
             store.prune(self.root, self.keep, protect=final)
         self._barrier()
+
+    def _fail(self, exc: BaseException, tmp: Path, step: int) -> None:
+        """Remove the failed save's `tmp`; a full disk is raised as DiskFullError (asked before the removal frees
+        space: the check may look at the free space the failure left)."""
+        full = disk_full(
+            exc, tmp, f"checkpoint at step {step}; the partial save was removed, earlier checkpoints are untouched"
+        )
+        self._abandon(tmp)
+        if full is not None:
+            raise full from None
 
     def _abandon(self, tmp: Path) -> None:
         if _rank() == 0:

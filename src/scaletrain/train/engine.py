@@ -283,6 +283,11 @@ class Trainer:
                 self.metrics.close()
 
     # ------------------------------------------------------------------ checkpoints (asked by the loop)
+    def wait_for_saves(self) -> None:
+        """Publish an asynchronous save still in flight (the loop calls this before result.json); a failed one is
+        removed and raised (DiskFullError for a full disk, CheckpointError otherwise)."""
+        self.checkpointer.finish()
+
     def checkpoint_due(self) -> bool:
         """Whether the loop should save now (called after an evaluation; same answer on all ranks)."""
         if self.step == self.checkpointer.last_step:

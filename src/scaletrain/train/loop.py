@@ -6,7 +6,9 @@ A block ends at the next evaluation step or the step budget (schedule.py). After
 first eval loss <= train.target_eval_loss (status "success", outcome "converged"), at a non-finite eval loss
 ("aborted", "diverged") or when the budget is used up ("aborted", "budget_exhausted"); otherwise it saves when the
 engine says a checkpoint is due. A non-finite training loss ends its block early ("aborted", "diverged"); any other
-exception is recorded in result.json under "error" (outcome "crashed") and re-raised.
+exception is recorded in result.json under "error" (outcome "crashed") and re-raised. A full disk or quota anywhere
+(a checkpoint, metrics, result.json itself) is outcome "disk_full" (status "aborted", exit status 2) and raised as
+one DiskFullError line (diskfull.py) that also says when result.json could not be written.
 
 Stop signals (SIGTERM, SIGUSR1; train/signals.py): after each step the loop asks the engine for the signal every
 rank agrees on. When there is one, it saves that step, with the open block's first step (`block_first`) and the
@@ -21,6 +23,7 @@ LoopState (state.py), saved under "loop" in each checkpoint's trainer.json.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Sequence
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.config import Config
+from scaletrain.diskfull import DiskFullError, disk_full, writing
 from scaletrain.train.profiling import StepProfiler
 from scaletrain.train.protocol import PREEMPTED, Engine, NonFiniteLoss, Observer, Preempted
 from scaletrain.train.rundir import dumps_strict
@@ -37,6 +41,8 @@ from scaletrain.train.state import LoopState, ResumePoint
 __all__ = ["LoopState", "ResumePoint", "run_loop", "now_ms", "SUCCESS", "ABORTED"]
 
 SUCCESS, ABORTED = "success", "aborted"  # result.json status (MLPerf's run_stop status values)
+DISK_FULL = "disk_full"
+"""result.json outcome of a run stopped by a full disk or quota (status "aborted"; exit status 2; resumable)."""
 
 
 def now_ms() -> int:
@@ -51,8 +57,9 @@ def run_loop(
 
     A run resumes when the engine has a checkpoint to resume (Engine.resume_path) whose trainer.json holds a loop
     state. `writer=False` (every rank but 0 of a distributed run) steps in lockstep and writes no file.
-    Exceptions after the run began are recorded in result.json ("error", outcome "crashed"), passed to
-    engine.finish and re-raised; Preempted after a stop signal's save (see the module docstring).
+    Exceptions after the run began are recorded in result.json ("error", outcome "crashed", or "disk_full" and
+    raised as DiskFullError), passed to engine.finish and re-raised; Preempted after a stop signal's save (see the
+    module docstring). An engine's optional `wait_for_saves()` is called before result.json is written.
     """
     run_dir = Path(run_dir)
     if writer:
@@ -63,21 +70,46 @@ def run_loop(
     loop = _Loop(cfg, engine, list(observers), run_dir, writer)
     for obs in loop.observers:  # setup, before the run began: a failure here records nothing
         obs.on_init_start(state, engine)
+    preempted = None
     try:
-        loop.run(state)
-    except Preempted as exc:
-        state.status, state.reason, state.outcome = PREEMPTED, str(exc), PREEMPTED
-        loop.end(state)  # engine.finish publishes an asynchronous save of the signal's checkpoint
-        raise
+        try:
+            loop.run(state)
+        except Preempted as exc:
+            preempted = exc
+        # An asynchronous save still in flight (the signal's one too) is published, or fails, before result.json
+        # says how the run ended.
+        _wait_for_saves(engine)
     except BaseException as exc:
-        state.error = f"{type(exc).__name__}: {exc}"
-        state.outcome = "crashed"
+        full = disk_full(exc, getattr(exc, "filename", None) or run_dir)
+        state.error = str(full) if full else f"{type(exc).__name__}: {exc}"
+        state.outcome = DISK_FULL if full else "crashed"
         if state.t_start is not None and state.t_stop is None:
             state.status, state.reason = ABORTED, f"crashed: {state.error}"
             state.t_stop = now_ms()
-        loop.end(state, quiet=True)
+        if full:  # not finished whatever the loop had decided: free space and resume it
+            state.status, state.reason = ABORTED, state.error
+        with contextlib.suppress(Exception):  # a save in flight is published or removed: its space for result.json
+            _wait_for_saves(engine)
+        try:
+            loop.end(state, quiet=True)
+        except DiskFullError as late:  # result.json itself: one line that says so
+            if full:
+                raise full.also(late.path) from None
+            raise exc from None
+        if full:
+            raise full from None
         raise
+    if preempted is not None:
+        state.status, state.reason, state.outcome = PREEMPTED, str(preempted), PREEMPTED
+        loop.end(state)
+        raise preempted
     return loop.end(state)
+
+
+def _wait_for_saves(engine: Engine) -> None:
+    wait = getattr(engine, "wait_for_saves", None)  # optional (protocol.py)
+    if callable(wait):
+        wait()
 
 
 def _check_engine(cfg: Config, engine: Engine) -> None:
@@ -203,13 +235,20 @@ class _Loop:
             except Exception:
                 if not quiet:
                     raise
+        unwritten = None
         if self.writer:
-            _write_json(self.run_dir / "result.json", result)
+            try:
+                with writing(self.run_dir / "result.json"):
+                    _write_json(self.run_dir / "result.json", result)
+            except DiskFullError as exc:
+                unwritten = exc  # raised once the engine has closed its writers
         try:
             self.engine.finish(result)
         except Exception:
             if not quiet:
                 raise
+        if unwritten is not None:
+            raise unwritten
         return result
 
     def _result(self, state: LoopState) -> dict:
@@ -238,5 +277,9 @@ def _num(x: Any) -> float | None:
 
 def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(dumps_strict(data, indent=2) + "\n")  # strict JSON: a NaN loss is null plus "non_finite"
-    tmp.replace(path)  # atomic: a reader never sees half a result
+    try:
+        tmp.write_text(dumps_strict(data, indent=2) + "\n")  # strict JSON: a NaN loss is null plus "non_finite"
+        tmp.replace(path)  # atomic: a reader never sees half a result
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written result.json.tmp behind
+        raise

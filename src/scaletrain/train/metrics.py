@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from scaletrain.diskfull import writing
 from scaletrain.train.console import live_view
 from scaletrain.train.rundir import dumps_strict, truncate_metrics
 from scaletrain.train.sinks import ScalarSink, TensorBoardSink, scalars_of
@@ -37,9 +38,11 @@ class MetricsLogger:
         scalar sinks besides TensorBoard (sinks.optional_sinks); `view`: options of the plain-line log
         (console.LogLines)."""
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        truncate_metrics(self.run_dir / "metrics.jsonl", first_step)
-        self._file = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+        self.path = self.run_dir / "metrics.jsonl"
+        with writing(self.path):
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            truncate_metrics(self.path, first_step)
+            self._file = open(self.path, "a", buffering=1)
         self._sinks: list[ScalarSink] = [TensorBoardSink(self.run_dir, first_step)] if tensorboard else []
         self._sinks += sinks
         self._view = live_view(total_steps, progress, first_step, **view)
@@ -47,7 +50,8 @@ class MetricsLogger:
     def log(self, record: dict[str, Any]) -> None:
         """Write one line; numbers also go to every scalar sink (TensorBoard, W&B) under their key at `step`."""
         record = {"time": round(time.time(), 3), **record}
-        self._file.write(dumps_strict(record) + "\n")
+        with writing(self.path):  # line-buffered: a full disk shows here, at the line that did not fit
+            self._file.write(dumps_strict(record) + "\n")
         step = record.get("step", 0)
         if self._sinks:
             scalars = scalars_of(record)
@@ -67,7 +71,10 @@ class MetricsLogger:
             self._view.close()
             self._view = None
         sinks, self._sinks = self._sinks, []
-        for sink in sinks:
-            sink.close()
-        if not self._file.closed:
-            self._file.close()
+        try:
+            for sink in sinks:
+                sink.close()
+        finally:
+            if not self._file.closed:
+                with writing(self.path):
+                    self._file.close()

@@ -57,7 +57,8 @@ class Engine(Protocol):
     llama2_70b_lora engines also carry `eval_samples` and `train_samples`: the validation and training sequence
     counts (173 and 3901 for GovReport), which the MLPerf observer logs. They are not members here so that a gpt3
     engine without them still satisfies isinstance(engine, Engine). Likewise optional: `result_extra()`, a dict the
-    loop adds to result.json (the Trainer's "predicted_vs_measured", train/perf.py).
+    loop adds to result.json (the Trainer's "predicted_vs_measured", train/perf.py), and `wait_for_saves()`, which
+    publishes an asynchronous save in flight before result.json is written (its failure is the run's).
     """
 
     seq_len: int

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scaletrain.config import Config
+from scaletrain.diskfull import writing
 from scaletrain.train.protocol import Observer
 
 ObserverFactory = Callable[[Config, Any, Path, bool], Sequence[Observer]]
@@ -71,7 +72,8 @@ def train(
             return finished
         claim.apply()
         if writer:
-            cfg.save(run_dir)
+            with writing(run_dir / "config.json"):
+                cfg.save(run_dir)
             console.print(
                 f"layout: {engine.layout.describe()} ({engine.layout.data_parallel_kind}), device {engine.device}"
             )
@@ -96,8 +98,9 @@ def train(
 
 
 # Exit status of `train` and `bench` by outcome (README "Exit status"): a run that stopped as configured is not a
-# failure, so `torchrun --max-restarts` and schedulers do not restart it; 2 (bad input) comes from the CLI.
-EXIT_CODES = {"converged": 0, "budget_exhausted": 0, "diverged": 1, "crashed": 1}
+# failure, so `torchrun --max-restarts` and schedulers do not restart it; 2 (bad input) comes from the CLI, and so
+# does a full disk, which no restart cures until space is freed (then --resume auto continues the run).
+EXIT_CODES = {"converged": 0, "budget_exhausted": 0, "diverged": 1, "crashed": 1, "disk_full": 2}
 
 
 def outcome_of(result: dict) -> str:
@@ -112,7 +115,7 @@ def outcome_of(result: dict) -> str:
 
 
 def exit_code(result: dict) -> int:
-    """0 = converged or stopped by the step budget, 1 = diverged or crashed."""
+    """0 = converged or stopped by the step budget, 1 = diverged or crashed, 2 = stopped by a full disk."""
     return EXIT_CODES.get(outcome_of(result), 1)
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.config import ConfigError
+from scaletrain.diskfull import NO_SPACE_ERRNOS
 from scaletrain.log import get_logger
 
 log = get_logger(__name__)
@@ -140,12 +141,12 @@ class RunDirLock:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise RunDirError(f"{self.directory}: cannot use it as a run directory ({exc.strerror})") from None
+            raise _os_error(exc, self.directory, "cannot use it as a run directory") from None
         while True:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as exc:
-                raise RunDirError(f"{self.path}: cannot create the lock file ({exc.strerror})") from None
+                raise _os_error(exc, self.path, "cannot create the lock file") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -168,9 +169,13 @@ class RunDirLock:
             os.close(fd)
         owner = _read_owner(fd)
         me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
-        self._fd = fd
+        self._fd = fd  # held from here: release() on the error below unlinks the file and frees the directory
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+        except OSError as exc:
+            self.release()
+            raise _os_error(exc, self.path, "cannot write the lock file") from None
         pid = owner.get("pid")
         if owner and pid != me["pid"]:
             dead = isinstance(pid, int) and pid > 0 and owner.get("host") == me["host"] and not _alive(pid)
@@ -191,6 +196,14 @@ class RunDirLock:
         if self._created:  # a run refused before it wrote anything leaves no empty directory behind
             with contextlib.suppress(OSError):
                 self.directory.rmdir()
+
+
+def _os_error(exc: OSError, path: Path, what: str) -> RunDirError:
+    """One line for an OS error on the run directory or its lock; a full disk or quota in the words of every other
+    writer of a run (diskfull.py)."""
+    if exc.errno in NO_SPACE_ERRNOS:
+        return RunDirError(f"no space left on device while writing {path} ({what})")
+    return RunDirError(f"{path}: {what} ({exc.strerror or exc})")
 
 
 def _read_owner(fd: int) -> dict:

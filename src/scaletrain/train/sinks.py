@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from scaletrain.config import WANDB_MISSING, Config, ConfigError
+from scaletrain.diskfull import is_no_space, writing
 
 __all__ = ["ScalarSink", "TensorBoardSink", "WandbSink", "scalars_of", "optional_sinks"]
 
@@ -31,22 +32,53 @@ def scalars_of(record: dict[str, Any]) -> dict[str, float]:
 
 
 class TensorBoardSink:
-    """Event files under <run_dir>/tensorboard, one scalar per key."""
+    """Event files under <run_dir>/tensorboard, one scalar per key. A full disk is one DiskFullError naming the
+    directory, raised at the next add_scalars or close (TensorBoard writes from a thread of its own)."""
 
     def __init__(self, run_dir: Path, first_step: int) -> None:
         """`first_step`: where a resumed run starts; TensorBoard hides the lost attempt's events after it."""
         from torch.utils.tensorboard import SummaryWriter  # heavy import: only when asked for
 
-        self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=first_step + 1)
+        _quiet_writer_thread_on_full_disk()
+        self.path = run_dir / "tensorboard"
+        with writing(self.path):
+            self._writer = SummaryWriter(log_dir=str(self.path), purge_step=first_step + 1)
 
     def add_scalars(self, scalars: dict[str, float], step: int) -> None:
         """One add_scalar per key at `step`."""
-        for key, value in scalars.items():
-            self._writer.add_scalar(key, value, step)
+        with writing(self.path):
+            for key, value in scalars.items():
+                self._writer.add_scalar(key, value, step)
 
     def close(self) -> None:
         """Flush the event file."""
-        self._writer.close()
+        with writing(self.path):
+            self._writer.close()
+
+
+def _quiet_writer_thread_on_full_disk() -> None:
+    """Keep threading's traceback off stderr when TensorBoard's writer thread dies of a full disk.
+
+    The thread keeps its exception and TensorBoard raises it again in the training thread at the next write or
+    close, where TensorBoardSink turns it into one line; the thread's own report would be a second, traceback one.
+    Every other thread exception goes to the hook that was installed before (installed once per process).
+    """
+    import threading
+
+    if getattr(threading.excepthook, "_scaletrain_tensorboard", False):
+        return
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
+    previous = threading.excepthook
+
+    def hook(args) -> None:
+        if isinstance(args.thread, _AsyncWriterThread) and args.exc_value is not None:
+            if is_no_space(args.exc_value, "."):  # errno-carrying OSErrors only: the path is not consulted
+                return
+        previous(args)
+
+    hook._scaletrain_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 class WandbSink:
