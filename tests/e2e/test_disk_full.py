@@ -385,7 +385,12 @@ def test_mllog_on_a_full_disk(capsys, excerpt_corpus, tmp_path, monkeypatch):
     assert _result(run)["outcome"] == "disk_full"
 
 
-def test_config_json_on_a_full_disk(capsys, excerpt_corpus, tmp_path, monkeypatch):
+@pytest.mark.parametrize("existing", [False, True], ids=["new", "existing config.json kept"])
+def test_config_json_on_a_full_disk(capsys, excerpt_corpus, tmp_path, monkeypatch, existing):
+    run = tmp_path / "run"
+    if existing:  # config.json alone is no run: this one starts there and must leave the old file whole
+        run.mkdir()
+        (run / "config.json").write_text('{"before": true}\n')
     real_write_text = pathlib.Path.write_text
 
     def write_text(self, data, *args, **kwargs):
@@ -395,25 +400,48 @@ def test_config_json_on_a_full_disk(capsys, excerpt_corpus, tmp_path, monkeypatc
         return real_write_text(self, data, *args, **kwargs)
 
     monkeypatch.setattr(pathlib.Path, "write_text", write_text)
-    run = tmp_path / "run"
     code, err = _train(capsys, excerpt_corpus, run)
     assert code == 2 and err == [f"scaletrain: error: no space left on device while writing {run / 'config.json'}"]
-    assert not (run / "config.json").exists() and not (run / "config.json.tmp").exists()
+    assert not (run / "config.json.tmp").exists()
+    if existing:
+        assert (run / "config.json").read_text() == '{"before": true}\n'
+    else:
+        assert not (run / "config.json").exists()
 
 
-def test_run_lock_on_a_full_disk(capsys, excerpt_corpus, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "call,what",
+    [
+        ("pwrite", "cannot write the lock file"),
+        ("open", "cannot create the lock file"),
+        ("mkdir", "cannot use it as a run directory"),
+    ],
+)
+def test_run_lock_on_a_full_disk(capsys, excerpt_corpus, tmp_path, monkeypatch, call, what):
     from scaletrain.train import rundir
 
-    def pwrite(fd, data, offset):
-        raise _no_space()
-
-    monkeypatch.setattr(rundir.os, "pwrite", pwrite)
     run = tmp_path / "run"
+    if call == "mkdir":
+        real_mkdir = pathlib.Path.mkdir
+
+        def mkdir(self, *args, **kwargs):
+            if self == run:
+                raise _no_space()
+            return real_mkdir(self, *args, **kwargs)
+
+        monkeypatch.setattr(pathlib.Path, "mkdir", mkdir)
+    else:
+        real = getattr(rundir.os, call)
+
+        def fail(path_or_fd, *args, **kwargs):
+            if call == "pwrite" or str(path_or_fd).endswith(rundir.LOCK_NAME):
+                raise _no_space()
+            return real(path_or_fd, *args, **kwargs)
+
+        monkeypatch.setattr(rundir.os, call, fail)
     code, err = _train(capsys, excerpt_corpus, run)
-    lock = run / rundir.LOCK_NAME
-    assert code == 2 and err == [
-        f"scaletrain: error: no space left on device while writing {lock} (cannot write the lock file)"
-    ]
+    path = run if call == "mkdir" else run / rundir.LOCK_NAME
+    assert code == 2 and err == [f"scaletrain: error: no space left on device while writing {path} ({what})"]
     assert not run.exists()  # made for this run, removed with its lock
 
 

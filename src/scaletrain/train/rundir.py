@@ -146,6 +146,9 @@ class RunDirLock:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as exc:
+                if self._created:  # made for this run a moment ago: leave no empty directory behind
+                    with contextlib.suppress(OSError):
+                        self.directory.rmdir()
                 raise _os_error(exc, self.path, "cannot create the lock file") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
