@@ -369,6 +369,21 @@ def test_tensorboard_events_on_a_full_disk(capsys, excerpt_corpus, tmp_path, mon
     assert _result(run)["outcome"] == "disk_full"
 
 
+def test_tensorboard_full_at_the_last_flush(capsys, excerpt_corpus, tmp_path, monkeypatch):
+    from torch.utils.tensorboard import SummaryWriter
+
+    def close(self):
+        raise _no_space()
+
+    monkeypatch.setattr(SummaryWriter, "close", close)
+    run = tmp_path / "run"
+    code, err = _train(capsys, excerpt_corpus, run, "checkpoint.interval_steps=0")
+    # The run went to its budget, but its last events were lost: not "budget_exhausted" with exit status 2.
+    assert code == 2 and err == [f"scaletrain: error: no space left on device while writing {run / 'tensorboard'}"]
+    result = _result(run)
+    assert (result["status"], result["outcome"], result["steps"]) == ("aborted", "disk_full", 6)
+
+
 def test_mllog_on_a_full_disk(capsys, excerpt_corpus, tmp_path, monkeypatch):
     from scaletrain.bench import mllog
 

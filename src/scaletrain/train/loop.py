@@ -95,7 +95,7 @@ def run_loop(
         except DiskFullError as late:  # result.json itself: one line that says so
             if full:
                 raise full.also(late.path) from None
-            raise exc from None
+            raise exc from exc.__cause__  # the crash itself, as it was
         if full:
             raise full from None
         raise
@@ -218,37 +218,45 @@ class _Loop:
         return f" (resumed from {path})" if path else ""
 
     def end(self, state: LoopState, quiet: bool = False) -> dict:
-        """result.json: the loop's fields, then what each observer adds; then engine.finish. `quiet` (after a crash):
-        failures of observers and of engine.finish must not hide the original one."""
-        self.profiler.close()  # a run that stopped inside train.profile_steps: write what was traced
+        """result.json: the loop's fields, then what each observer adds, written once engine.finish has closed the
+        run's writers. `quiet` (after a crash): failures of observers and of engine.finish must not hide the
+        original one. Otherwise a full disk in any of them (mllog.txt, metrics, TensorBoard) makes the outcome
+        "disk_full" and is raised after result.json; a result.json that does not fit is raised too."""
+        full: DiskFullError | None = None
+
+        def attempt(step) -> None:
+            nonlocal full
+            try:
+                step()
+            except Exception as exc:
+                if quiet:
+                    return
+                if not isinstance(exc, DiskFullError):
+                    raise
+                full = full or exc
+
+        def close_profiler() -> None:  # a run that stopped inside train.profile_steps: write what was traced
+            with writing(self.run_dir / "profile"):
+                self.profiler.close()
+
+        attempt(close_profiler)
         result = self._result(state)
         extra = getattr(self.engine, "result_extra", None)  # a Trainer's predicted_vs_measured (train/perf.py)
         if callable(extra):
-            try:
-                result.update(extra())
-            except Exception:
-                if not quiet:
-                    raise
+            attempt(lambda: result.update(extra()))
         for obs in self.observers:
-            try:
-                result.update(obs.on_run_end(state, result) or {})
-            except Exception:
-                if not quiet:
-                    raise
-        unwritten = None
+            attempt(lambda obs=obs: result.update(obs.on_run_end(state, result) or {}))
+        attempt(lambda: self.engine.finish(result))
+        if full is not None:
+            result.update(status=ABORTED, outcome=DISK_FULL, reason=str(full), error=str(full))
         if self.writer:
             try:
                 with writing(self.run_dir / "result.json"):
                     _write_json(self.run_dir / "result.json", result)
             except DiskFullError as exc:
-                unwritten = exc  # raised once the engine has closed its writers
-        try:
-            self.engine.finish(result)
-        except Exception:
-            if not quiet:
-                raise
-        if unwritten is not None:
-            raise unwritten
+                raise (full.also(exc.path) if full else exc) from None
+        if full is not None:
+            raise full
         return result
 
     def _result(self, state: LoopState) -> dict:
