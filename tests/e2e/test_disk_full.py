@@ -291,6 +291,10 @@ def test_run_with_a_full_disk_at_its_second_checkpoint(capsys, excerpt_corpus, t
     assert [p.name for p in complete_checkpoints(run / "checkpoints")] == ["step_00000002"]
     assert not list(run.rglob("*.tmp"))
     verify(run / "checkpoints" / "step_00000002")
+    if mode == "sync":  # space freed: the run is not finished, --resume auto continues it from step 2
+        monkeypatch.undo()
+        code, err = _train(capsys, excerpt_corpus, run, "checkpoint.resume=auto")
+        assert code == 0 and _result(run)["outcome"] == "budget_exhausted" and _result(run)["steps"] == 6, err
 
 
 def test_metrics_on_a_full_disk(capsys, excerpt_corpus, tmp_path, monkeypatch):
