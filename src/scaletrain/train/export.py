@@ -42,7 +42,10 @@ class Source:
             return self.checkpoint
         found = store.complete_checkpoints(self.root) if self.root is not None else []
         if not found:
-            raise CheckpointError(f"{self.given}: no complete checkpoint in {self.root} (checkpoint.interval_steps=0?)")
+            raise CheckpointError(
+                f"{self.given}: no complete checkpoint in {self.root} (a run saves them when checkpoint.interval_steps, "
+                "interval_minutes or dir is set, or on SIGTERM/SIGUSR1)"
+            )
         return found[-1]
 
 
@@ -115,7 +118,9 @@ def final_step_note(source: Source, step: int) -> str:
     if not isinstance(steps, int) or isinstance(steps, bool):
         return ""
     if steps == step:
-        return " (the final step)"
+        outcome = result.get("outcome")
+        ended = outcome in ("converged", "budget_exhausted") or not isinstance(outcome, str)
+        return " (the final step)" if ended else f" (the step the run stopped at: {outcome})"
     if source.checkpoint is None:  # the newest was asked for and is not the last step
         return f" (the run ended at step {steps}, which has no checkpoint)"
     return ""
