@@ -192,6 +192,17 @@ def test_non_empty_refused_without_overwrite(case, run12, tmp_path, capsys):
     assert tree(tmp_path, run12) == before
 
 
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "model-00001-of-00002.safetensors"])
+def test_overwrite_refused_where_an_export_file_name_is_a_directory(name, run12, tmp_path, capsys):
+    target = tmp_path / "target"
+    (target / name).mkdir(parents=True)
+    (target / name / "keep.txt").write_text("mine")
+    before = tree(tmp_path, run12)
+    code, err, _ = export(capsys, run12, "--hf", target, "--overwrite")
+    assert code == 2 and len(err.splitlines()) == 1 and "is a directory where the export writes a file" in err, err
+    assert tree(tmp_path, run12) == before
+
+
 SOURCES = {
     "missing": lambda play: play / "nope",
     "empty-dir": lambda play: (play / "empty").mkdir() or play / "empty",

@@ -98,6 +98,10 @@ def export_target_problem(out_dir: Path, overwrite: bool = False) -> str | None:
             f"{out_dir} is not empty (holds {entries[0]!r}{' and more' if len(entries) > 1 else ''}); export into "
             "a new or empty directory, or pass --overwrite to replace an earlier export's files there (others stay)"
         )
+    # Checked before any file is replaced: a directory under an export file's name would stop the swap half-way.
+    odd = [n for n in entries if _EXPORT_FILE.match(n) and (out_dir / n).is_dir() and not (out_dir / n).is_symlink()]
+    if odd:
+        return f"{out_dir / odd[0]} is a directory where the export writes a file; move it away first"
     return None
 
 
