@@ -258,13 +258,18 @@ def test_overwrite_replaces_only_export_files(run12, tmp_path, capsys):
         (target / name).parent.mkdir(exist_ok=True)
         (target / name).write_bytes(data)
     # An earlier export, sharded: its index and shards are export files too, and would be stale.
-    for name in ("config.json", "model.safetensors.index.json", "model-00001-of-00002.safetensors",
-                 "model-00002-of-00002.safetensors"):
+    for name in (
+        "config.json",
+        "model.safetensors.index.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ):
         (target / name).write_text("old")
     code, err, out = export(capsys, run12, "--hf", target, "--overwrite")
     assert code == 0, err
     assert sorted(str(p.relative_to(target)) for p in target.rglob("*")) == sorted(
-        ["README.md", "tokenizer.json", "sub", "sub/notes.txt", "config.json", "model.safetensors"])
+        ["README.md", "tokenizer.json", "sub", "sub/notes.txt", "config.json", "model.safetensors"]
+    )
     assert all((target / n).read_bytes() == d for n, d in keep.items())
     assert (target / "config.json").read_bytes() == (tmp_path / "fresh" / "config.json").read_bytes()
     fresh, now = load_file(tmp_path / "fresh" / "model.safetensors"), load_file(target / "model.safetensors")
@@ -329,8 +334,14 @@ def test_a_checkpoint_removed_while_read_is_one_line(run12, tmp_path, capsys, mo
 def test_export_during_a_live_pruning_run_never_tracebacks(excerpt_corpus, tmp_path, capsys):
     """A real run saving and pruning (keep=1) after every step while exports of it run back to back."""
     run = tmp_path / "run"
-    sets = [*tiny_overrides(excerpt_corpus), "train.eval_interval_samples=32", "train.max_steps=10",
-            "train.target_eval_loss=0.1", "checkpoint.interval_steps=1", "checkpoint.keep=1"]
+    sets = [
+        *tiny_overrides(excerpt_corpus),
+        "train.eval_interval_samples=32",
+        "train.max_steps=10",
+        "train.target_eval_loss=0.1",
+        "checkpoint.interval_steps=1",
+        "checkpoint.keep=1",
+    ]
     cmd = [sys.executable, "-m", "scaletrain", "train", "--run-dir", str(run), *[a for s in sets for a in ("--set", s)]]
     trainer = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     outcomes = []
