@@ -48,43 +48,17 @@ def _apply_resume(cfg, args) -> None:
 
 
 def cmd_export(args) -> int:
-    """Export a checkpoint's weights (LoRA adapters merged) as a Hugging Face GPT-2 or Llama directory."""
-    from scaletrain.checkpoint.hf import export_hf
-    from scaletrain.checkpoint.init_from import load_full_model
-    from scaletrain.checkpoint.store import complete_checkpoints
+    """Export a checkpoint's weights (LoRA adapters merged) as a Hugging Face GPT-2 or Llama directory.
 
-    path = Path(args.checkpoint)
-    if not (path / "manifest.json").exists() and complete_checkpoints(path / "checkpoints"):
-        path = complete_checkpoints(path / "checkpoints")[-1]  # a run directory: its newest checkpoint
-    elif not (path / "manifest.json").exists() and complete_checkpoints(path):
-        path = complete_checkpoints(path)[-1]
-    from scaletrain.checkpoint.store import CheckpointError
-    from scaletrain.train.distributed import init_distributed, launched_world_size
+    A run directory or checkpoints folder gives its newest complete checkpoint (after a finished run: its last step).
+    DIR must be new or empty; --overwrite replaces an earlier export's files in it and keeps everything else. A run
+    directory, a checkpoint, the current directory or one containing the checkpoint is never a target.
+    """
+    from scaletrain.train.export import export
 
-    if launched_world_size() > 1:  # under torchrun: each rank reads and writes only its own shards
-        import torch
-
-        from scaletrain.checkpoint.init_from import export_sharded
-
-        rank, _ = init_distributed(torch.device("cpu"))
-        cfg, out = export_sharded(path, Path(args.hf))
-        if rank:
-            return 0
-    else:
-        cfg, model = load_full_model(path)
-        if cfg.lora.rank > 0:
-            # The HF format has no adapters: a LoRA checkpoint is always exported merged (W + (alpha/r)·B·A).
-            from scaletrain.model.lora import merge_lora
-
-            merge_lora(model)
-        try:
-            out = export_hf(model.state_dict(), cfg.model, args.hf)
-        except (ValueError, FileExistsError) as exc:
-            raise CheckpointError(str(exc)) from None
-    from scaletrain.model.spec import model_spec
-
-    hf_class = model_spec(cfg.model.arch).hf_class
-    print(f"{path} -> {out} (load with transformers.{hf_class}.from_pretrained)")
+    line = export(args.checkpoint, args.hf, overwrite=args.overwrite)
+    if line:
+        print(line)
     return 0
 
 
@@ -297,7 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
         description=cmd_export.__doc__,
     )
     p.add_argument("checkpoint", help="a checkpoint directory (step_N), a checkpoints/ folder or a run directory")
-    p.add_argument("--hf", required=True, metavar="DIR", help="output directory (replaced atomically)")
+    p.add_argument("--hf", required=True, metavar="DIR", help="output directory: new or empty (written atomically)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="DIR holds an earlier export: replace its export files one by one, keep every other file",
+    )
     p.set_defaults(func=cmd_export)
 
     from scaletrain.data.commands import add_parser as add_data_parser

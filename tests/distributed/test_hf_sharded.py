@@ -253,5 +253,5 @@ def test_export_under_torchrun_equals_single_process_export(excerpt_corpus, tmp_
     (tmp_path / "taken" / "notes.txt").write_text("mine")
     proc = torchrun(tmp_path / "taken")
     assert proc.returncode != 0
-    assert "scaletrain: error: export_hf: " in proc.stderr and "is not an HF export; refusing to replace it" in proc.stderr
+    assert "scaletrain: error: export: " in proc.stderr and "is not empty (holds 'notes.txt')" in proc.stderr
     assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"

@@ -250,7 +250,8 @@ def test_non_finite_loss_after_a_resume_names_the_checkpoint(excerpt_corpus, tmp
 
     from scaletrain.bench.harness import run_once
     run = tmp_path / "run"
-    cfg = tiny_config(excerpt_corpus, run, "checkpoint.interval_steps=1", "train.max_steps=11")
+    # A 10-step run (its final checkpoint at step 10) resumed with one more step of budget.
+    cfg = tiny_config(excerpt_corpus, run, "checkpoint.interval_steps=1", "train.max_steps=10")
     run_once(cfg, Trainer(cfg, run), run)
     real = Trainer._forward_backward
 

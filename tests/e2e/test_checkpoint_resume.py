@@ -54,7 +54,7 @@ def test_crash_and_resume_is_bit_exact_and_log_stays_valid(excerpt_corpus, tmp_p
     # Steps 21-25 ran twice (before the crash and after the resume from step 20); metrics.jsonl has each once.
     assert [r["step"] for r in records if "loss" in r] == list(range(1, 41))
     assert [r["step"] for r in records if "eval_loss" in r] == [e["step"] for e in ref["evals"]]
-    assert [r["step"] for r in records if "checkpoint_s" in r] == [10, 20, 30]  # each save's time, once
+    assert [r["step"] for r in records if "checkpoint_s" in r] == [10, 20, 30, 40]  # each save's time, once; 40: final
     losses = {r["step"]: r["loss"] for r in records if "loss" in r}
     ref_losses = {r["step"]: r["loss"] for r in read_jsonl(tmp_path / "ref" / "metrics.jsonl") if "loss" in r}
     assert losses == ref_losses

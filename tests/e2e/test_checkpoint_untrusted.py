@@ -34,6 +34,7 @@ def saved(excerpt_corpus, tmp_path_factory):
     run = tmp_path_factory.mktemp("untrusted") / "run"
     cfg = tiny_config(excerpt_corpus, run, "checkpoint.interval_steps=1", f"train.max_steps={STEP + 1}")
     run_once(cfg, Trainer(cfg, run), run)
+    shutil.rmtree(run / "checkpoints" / f"step_{STEP + 1:08d}")  # the final save: the one under attack stays newest
     return run
 
 

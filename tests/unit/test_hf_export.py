@@ -214,7 +214,7 @@ def test_failed_export_leaves_previous_export_intact(tmp_path, tiny, monkeypatch
 
     monkeypatch.setattr(safetensors.torch, "save_file", half_write)
     with pytest.raises(OSError, match="disk full"):
-        export_hf(changed, cfg, out)
+        export_hf(changed, cfg, out, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no temporary left behind
     _, back = import_hf(out)
     assert all(torch.equal(back[k], sd[k]) for k in sd)
@@ -222,7 +222,7 @@ def test_failed_export_leaves_previous_export_intact(tmp_path, tiny, monkeypatch
     assert not info["missing_keys"] and not info["unexpected_keys"]
 
     monkeypatch.undo()
-    export_hf(changed, cfg, out)  # a successful export replaces the old one completely
+    export_hf(changed, cfg, out, overwrite=True)  # a successful export replaces the old one's files
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
     _, back = import_hf(out)
     assert torch.equal(back["ln_f.bias"], changed["ln_f.bias"])
@@ -232,6 +232,6 @@ def test_export_refuses_to_replace_a_foreign_directory(tmp_path, tiny):
     cfg, model = tiny
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "notes.txt").write_text("keep me")
-    with pytest.raises(FileExistsError, match="not an HF export"):
+    with pytest.raises(FileExistsError, match="is not empty"):
         export_hf(model.state_dict(), cfg, tmp_path / "hf")
     assert (tmp_path / "hf" / "notes.txt").read_text() == "keep me"

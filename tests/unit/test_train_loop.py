@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
+import time
 
 import pytest
 
@@ -140,3 +142,96 @@ def test_a_malformed_loop_state_is_a_one_line_checkpoint_error(tmp_path, loop, p
     with pytest.raises(CheckpointError) as err:
         LoopState.restore({"step": 4, "config": {}, "loop": loop}, tmp_path)
     assert problem in str(err.value) and str(tmp_path / "trainer.json") in str(err.value) and "\n" not in str(err.value)
+
+
+class FinalSaving(Saving):
+    """Checkpoints on: the final step is saved unless already saved (as the Trainer does); each save takes `save_s`."""
+
+    def __init__(self, cfg, save_s=0.0, fail=False, **kw):
+        super().__init__(cfg, **kw)
+        self.save_s, self.fail, self.save_ms = save_s, fail, []
+
+    def final_checkpoint_due(self):
+        last = self.saved[-1]["step"] if self.saved else (self.resume or {}).get("step")
+        return last != self.step
+
+    def save_checkpoint(self, loop_state):
+        self.save_ms.append(time.time() * 1000)
+        time.sleep(self.save_s)
+        if self.fail:
+            raise CheckpointError(f"checkpoint save at step {self.step} failed: ENOSPC (No space left on device)")
+        return super().save_checkpoint(loop_state)
+
+
+@pytest.mark.parametrize("how, overrides, kw, saved_steps", [
+    ("converged", [], {"eval_losses": [6.0, 5.5]}, [64]),
+    ("budget_exhausted", ["train.max_steps=40"], {"eval_losses": [6.0]}, [40]),
+    ("diverged", [], {"eval_losses": [6.0, math.nan]}, []),  # its weights are not worth a checkpoint
+    ("preempted", [], {"eval_losses": [6.0, 5.5], "signal_at": 40}, [40]),  # the signal's save, not a second one
+])
+def test_the_final_step_is_saved_once_when_the_run_ends_on_its_own(tmp_path, how, overrides, kw, saved_steps):
+    cfg = _cfg(*overrides)
+    engine = FinalSaving(cfg, eval_tokens=4096, **kw)
+    try:
+        result = run_loop(cfg, engine, tmp_path)
+    except Preempted:
+        result = engine.finished
+    assert result["outcome"] == how
+    assert [s["step"] for s in engine.saved] == saved_steps
+    if how in ("converged", "budget_exhausted"):
+        final = engine.saved[-1]["loop"]
+        assert final["step"] == result["steps"] and final["evals"] == result["evals"] and "block_first" not in final
+        assert final["t_stop"] - final["t_start"] == pytest.approx(result["time_to_train_s"] * 1000)
+
+
+def test_the_final_save_is_outside_the_mlperf_time_to_train(tmp_path):
+    from scaletrain.bench.harness import run_once
+
+    cfg = _cfg()
+    engine = FinalSaving(cfg, save_s=0.5, eval_losses=[6.0, 5.5], eval_tokens=4096)
+    result = run_once(cfg, engine, tmp_path)
+    assert result["status"] == "success" and [s["step"] for s in engine.saved] == [64]
+    assert result["time_to_train_s"] < 0.5  # the scripted steps are instant; the save's 0.5 s is not counted
+    events = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in (tmp_path / "mllog.txt").read_text().splitlines()]
+    stop = [e for e in events if e["key"] == "run_stop"]
+    assert len(stop) == 1 and stop[0]["time_ms"] <= engine.save_ms[0]  # run_stop is stamped before the save begins
+    assert engine.saved[0]["loop"]["t_stop"] == stop[0]["time_ms"]
+    # The checkpoint's log length ends after the last evaluation, before run_stop: a resume logs run_stop again.
+    size = engine.saved[0]["loop"]["observers"]["mlperf"]["mllog_bytes"]
+    head = (tmp_path / "mllog.txt").read_bytes()[:size].decode()
+    assert '"eval_stop"' in head.splitlines()[-1] and '"run_stop"' not in head
+
+
+def test_resuming_the_final_checkpoint_ends_the_run_the_same_and_a_larger_budget_trains_on(tmp_path):
+    cfg = _cfg()
+    first = FinalSaving(cfg, eval_losses=[6.0, 5.5], eval_tokens=4096)
+    ref = run_loop(cfg, first, tmp_path / "a")
+    again = FinalSaving(cfg, resume=first.saved[-1], eval_losses=[6.0, 5.5], eval_tokens=4096)
+    result = run_loop(cfg, again, tmp_path / "b")  # e.g. killed after the final save, before result.json
+    assert again.calls == ["init", "finish"] and again.saved == []  # nothing trained, evaluated or saved again
+    for key in ("status", "outcome", "steps", "evals", "time_to_train_s", "reason"):
+        assert result[key] == ref[key], key
+    lower = _cfg("train.target_eval_loss=5.0")  # a lower target: the run goes on from its final checkpoint
+    more = FinalSaving(lower, resume=first.saved[-1], eval_losses=[6.0, 5.5, 4.9], eval_tokens=4096)
+    result = run_loop(lower, more, tmp_path / "c")
+    assert result["outcome"] == "converged" and result["steps"] == 96 and [s["step"] for s in more.saved] == [96]
+
+
+def test_a_failed_final_save_is_a_crash_recorded_in_the_result(tmp_path):
+    cfg = _cfg()
+    engine = FinalSaving(cfg, fail=True, eval_losses=[6.0, 5.5], eval_tokens=4096)
+    with pytest.raises(CheckpointError, match="ENOSPC"):
+        run_loop(cfg, engine, tmp_path)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["status"] == "aborted" and result["outcome"] == "crashed" and "ENOSPC" in result["error"]
+    assert result["time_to_train_s"] is not None and result["steps"] == 64
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("t_stop", ["soon", -1, 0.5, True, 0, [5]], ids=["str", "negative", "float", "bool",
+                                                                       "before-start", "list"])
+def test_a_malformed_final_stop_time_is_a_one_line_checkpoint_error(tmp_path, t_stop):
+    loop = {"step": 4, "evals": [], "t_start": 100, "last": {}, "observers": {}, "t_stop": t_stop}
+    with pytest.raises(CheckpointError) as err:
+        LoopState.restore({"step": 4, "config": {}, "loop": loop}, tmp_path)
+    assert "'t_stop'" in str(err.value) and "\n" not in str(err.value)

@@ -73,6 +73,8 @@ def ensure_proxy_base(cfg: Config, console=None, extra_overrides: tuple[str, ...
         raise RuntimeError(
             f"proxy base training did not reach eval loss {base.train.target_eval_loss}: {result.get('reason')}"
         )
-    # No loop state: the base is loaded as weights (checkpoint.init_from), never resumed as a timed run.
-    engine.save_checkpoint({})
+    # No loop state: the base is loaded as weights (checkpoint.init_from), never resumed as a timed run. A recipe
+    # that asks for checkpoints has its final step saved by the loop already (with its loop state, read by nobody).
+    if engine.checkpointer.last_step != engine.step:
+        engine.save_checkpoint({})
     return str(store.complete_checkpoints(root / "checkpoints")[-1])

@@ -94,8 +94,12 @@ class ScriptedEngine:
         """Never saves."""
         return False
 
+    def final_checkpoint_due(self) -> bool:
+        """Never saves."""
+        return False
+
     def save_checkpoint(self, loop_state: dict) -> Path:
-        """Not reached: checkpoint_due() is False and no stop signal arrives."""
+        """Not reached: checkpoint_due() and final_checkpoint_due() are False and no stop signal arrives."""
         raise RuntimeError("a ScriptedEngine saves no checkpoints")
 
     def finish(self, result: dict) -> None:

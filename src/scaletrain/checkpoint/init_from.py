@@ -246,7 +246,7 @@ def load_sharded_model(path: Path, verify_mode: str = "sha256") -> tuple[Config,
     return saved, pm.parts
 
 
-def export_sharded(path: Path, out_dir: Path) -> tuple[Config, Path]:
+def export_sharded(path: Path, out_dir: Path, overwrite: bool = False) -> tuple[Config, Path]:
     """Export checkpoint `path` as a Hugging Face directory from every rank of a distributed run, no rank holding
     more than its shards; destroys the process group when done. Returns (the checkpoint's Config, the directory)."""
     import torch.distributed as dist
@@ -256,7 +256,7 @@ def export_sharded(path: Path, out_dir: Path) -> tuple[Config, Path]:
     try:
         cfg, parts = load_sharded_model(path)
         try:
-            out, _ = export_hf_sharded(parts, cfg.model, out_dir)
+            out, _ = export_hf_sharded(parts, cfg.model, out_dir, overwrite=overwrite)
         except (ValueError, FileExistsError) as exc:
             raise CheckpointError(str(exc)) from None
     finally:

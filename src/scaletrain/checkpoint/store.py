@@ -14,12 +14,16 @@ safetensors export.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from scaletrain.log import get_logger
@@ -28,6 +32,9 @@ log = get_logger(__name__)
 
 MANIFEST = "manifest.json"
 TRAINER = "trainer.json"
+READERS_LOCK = ".readers.lock"
+"""In a checkpoints folder: readers (export) hold it shared while they read, prune() deletes only when it gets it
+exclusively."""
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 # Every file a checkpoint may list: no paths, so a manifest cannot make verification read outside the directory.
 _FILE = re.compile(r"^(\.metadata|trainer\.json|rng_rank\d+\.pt|__\d+_\d+\.distcp)$")
@@ -182,8 +189,60 @@ def move_aside(path: Path, why: str) -> Path:
     return aside
 
 
+@contextlib.contextmanager
+def reading(root: Path) -> Iterator[None]:
+    """Hold the checkpoints folder `root` for reading (a shared flock on its READERS_LOCK): prune() deletes nothing
+    meanwhile, so a checkpoint of a live run cannot vanish under its reader. Blocks only while a prune is deleting.
+    A folder where the lock cannot be created (read-only) has no pruner either, and is read without it."""
+    root = Path(root)
+    fd = None
+    for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):
+        try:
+            fd = os.open(root / READERS_LOCK, flags, 0o644)
+            break
+        except OSError:
+            continue
+    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # drops the lock
+
+
+def _lock_for_pruning(root: Path) -> tuple[int | None, bool]:
+    """(fd holding READERS_LOCK exclusively or None, whether a reader holds it: then prune must wait)."""
+    try:
+        fd = os.open(Path(root) / READERS_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return None, False  # nobody can have created it to read either
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        return None, exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+    return fd, False
+
+
 def prune(root: Path, keep: int, protect: Path | None = None) -> list[Path]:
-    """Delete all but the newest `keep` complete checkpoints and every stale `.tmp`; returns what was removed."""
+    """Delete all but the newest `keep` complete checkpoints and every stale `.tmp`; returns what was removed.
+
+    While a reader holds the folder (reading(), e.g. an export of the live run) nothing is deleted: the next save
+    prunes instead, so for a while the folder may hold more than `keep` checkpoints.
+    """
+    fd, busy = _lock_for_pruning(root)
+    if busy:
+        log.info(f"{root}: a reader holds {READERS_LOCK}; pruning at the next save")
+        return []
+    try:
+        return _prune(root, keep, protect)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _prune(root: Path, keep: int, protect: Path | None) -> list[Path]:
     removed = []
     complete = complete_checkpoints(root)
     for path in complete[:-keep] if keep > 0 else []:

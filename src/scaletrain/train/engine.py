@@ -294,6 +294,10 @@ class Trainer:
             return False  # this step is already saved (a signal save just before its evaluation, then resumed)
         return self.checkpointer.due(self.step)
 
+    def final_checkpoint_due(self) -> bool:
+        """Whether to save the last step of a finished run (Checkpointer.save_final; not twice the same step)."""
+        return self.checkpointer.save_final and self.step != self.checkpointer.last_step
+
     def stop_signal(self) -> int:
         """SIGTERM/SIGUSR1 number when any rank received one since init(), else 0; same on all ranks (collective)."""
         return self.stop_signals.agreed(self.device)

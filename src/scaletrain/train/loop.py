@@ -10,6 +10,12 @@ exception is recorded in result.json under "error" (outcome "crashed") and re-ra
 (a checkpoint, metrics, result.json itself) is outcome "disk_full" (status "aborted", exit status 2) and raised as
 one DiskFullError line (diskfull.py) that also says when result.json could not be written.
 
+The final state: a run that converged or used up its budget saves its last step when the engine checkpoints at all
+(Engine.final_checkpoint_due), after `t_stop` is stamped, so the save is outside the time to train and the MLLOG's
+run_stop. That checkpoint holds `t_stop`; resuming it (a kill before result.json was written) applies the stop test
+to its last evaluation again and ends the run with the same result and log, or trains on if the budget or target
+changed. A diverged run saves nothing at its end: its weights are not worth keeping over the earlier checkpoints.
+
 Stop signals (SIGTERM, SIGUSR1; train/signals.py): after each step the loop asks the engine for the signal every
 rank agrees on. When there is one, it saves that step, with the open block's first step (`block_first`) and the
 last step's loss and lr (the evaluation that closes the block reports them), and raises Preempted: result.json says
@@ -43,6 +49,7 @@ __all__ = ["LoopState", "ResumePoint", "run_loop", "now_ms", "SUCCESS", "ABORTED
 SUCCESS, ABORTED = "success", "aborted"  # result.json status (MLPerf's run_stop status values)
 DISK_FULL = "disk_full"
 """result.json outcome of a run stopped by a full disk or quota (status "aborted"; exit status 2; resumable)."""
+FINAL_SAVE_OUTCOMES = ("converged", "budget_exhausted")
 
 
 def now_ms() -> int:
@@ -83,9 +90,9 @@ def run_loop(
         full = disk_full(exc, getattr(exc, "filename", None) or run_dir)
         state.error = str(full) if full else f"{type(exc).__name__}: {exc}"
         state.outcome = DISK_FULL if full else "crashed"
-        if state.t_start is not None and state.t_stop is None:
+        if state.t_start is not None:  # also a failed final save: the run did not end as its evaluation said
             state.status, state.reason = ABORTED, f"crashed: {state.error}"
-            state.t_stop = now_ms()
+            state.t_stop = state.t_stop or now_ms()
         if full:  # not finished whatever the loop had decided: free space and resume it
             state.status, state.reason = ABORTED, state.error
         with contextlib.suppress(Exception):  # a save in flight is published or removed: its space for result.json
@@ -135,6 +142,7 @@ class _Loop:
         if state.resume is not None:
             if engine.step != state.step:
                 raise RuntimeError(f"checkpoint step {engine.step} does not match the loop state {state.step}")
+            self._stop_at_resume(state)
         else:
             state.t_start = now_ms()
         for obs in self.observers:
@@ -157,7 +165,23 @@ class _Loop:
                 obs.on_block_end(state, first, stop)
             if state.status is None:
                 self._evaluate(state)
-        state.t_stop = now_ms()
+        if state.t_stop is None:  # else: resumed from the final checkpoint, whose stop time stands
+            state.t_stop = now_ms()
+        if state.outcome in FINAL_SAVE_OUTCOMES and engine.final_checkpoint_due():
+            self._save(state)  # after t_stop: the save is not part of the time to train
+
+    def _stop_at_resume(self, state: LoopState) -> None:
+        """A checkpoint taken right after an evaluation (periodic or final) is stopped at again when that evaluation
+        meets this config's stop test: the final checkpoint of a run killed before its result.json ends the same."""
+        last = state.evals[-1] if state.evals else {}
+        loss = last.get("eval_loss")
+        if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+            if state.block_first is None and last.get("step") == state.step:
+                self._stop_test(state, float(loss))
+        if state.status is None:
+            state.t_stop = None  # trains on (a larger budget): the stop time is the new end's
+        elif state.t_stop is None:
+            state.t_stop = now_ms()
 
     def _step(self, state: LoopState) -> None:
         with self.profiler.step(state.step + 1):
@@ -191,7 +215,12 @@ class _Loop:
         state.evals.append(record)
         for obs in self.observers:
             obs.on_eval(state, record)
-        limit, target = self.schedule.limit, self.schedule.target
+        if not self._stop_test(state, eval_loss) and self.engine.checkpoint_due():
+            self._save(state)
+
+    def _stop_test(self, state: LoopState, eval_loss: float) -> bool:
+        """Whether the run ends at this evaluation (status, outcome and reason set), after `state.step` steps."""
+        limit, target, steps = self.schedule.limit, self.schedule.target, state.step
         if not math.isfinite(eval_loss):
             state.status, state.outcome = ABORTED, "diverged"
             state.reason = f"non-finite eval loss {eval_loss} at step {steps}" + self._resumed_from()
@@ -202,8 +231,7 @@ class _Loop:
             state.reason = (
                 f"step budget of {limit} steps used up with eval loss {eval_loss:.4f} above the target {target}"
             )
-        elif self.engine.checkpoint_due():
-            self._save(state)
+        return state.status is not None
 
     def _save(self, state: LoopState) -> Path:
         for obs in self.observers:

@@ -90,6 +90,10 @@ class Engine(Protocol):
     def checkpoint_due(self) -> bool:
         """Whether to save now (asked after an evaluation that did not end the run; same answer on all ranks)."""
 
+    def final_checkpoint_due(self) -> bool:
+        """Whether to save the last step of a run that converged or used up its budget: checkpoints are on and that
+        step is not saved yet (same answer on all ranks). Asked once, after the run's time stopped."""
+
     def save_checkpoint(self, loop_state: dict) -> Path:
         """Save the run at the current step with `loop_state` (LoopState.saved()) in trainer.json; its path."""
 

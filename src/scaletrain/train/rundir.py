@@ -209,6 +209,26 @@ def _os_error(exc: OSError, path: Path, what: str) -> RunDirError:
     return RunDirError(f"{path}: {what} ({exc.strerror or exc})")
 
 
+def live_owner(directory: str | Path) -> dict | None:
+    """The lock owner ({"pid", "host", "since"}) of a run that is live in `directory`, else None. Reads the lock
+    file without locking it (a run starting meanwhile must not find it taken); a lock file left by a killed run of
+    this host names a dead pid and counts as not live."""
+    try:
+        fd = os.open(Path(directory) / LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        owner = _read_owner(fd)
+    finally:
+        os.close(fd)
+    pid = owner.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    if owner.get("host") == socket.gethostname() and not _alive(pid):
+        return None
+    return owner
+
+
 def _read_owner(fd: int) -> dict:
     try:
         owner = json.loads(os.pread(fd, 4096, 0) or b"{}")

@@ -37,6 +37,7 @@ class LoopState:
     """The last train_step's record."""
     t_start: int | None = None
     t_stop: int | None = None
+    """When the run's time to train stopped (ms); saved in the final checkpoint only."""
     t_eval: int | None = None
     """When the last evaluation ended (ms)."""
     block_first: int | None = None
@@ -61,6 +62,8 @@ class LoopState:
         }
         if self.block_first is not None:
             out["block_first"] = self.block_first
+        if self.t_stop is not None:  # a final checkpoint (loop.py): a resume ends the run with the same time
+            out["t_stop"] = self.t_stop
         return out
 
     @classmethod
@@ -93,6 +96,7 @@ class LoopState:
             t_start=saved["t_start"],
             last=dict(saved["last"]),
             block_first=saved.get("block_first"),
+            t_stop=saved.get("t_stop"),
             observers={k: dict(v) for k, v in saved["observers"].items()},
             resume=ResumePoint(path, info),
         )
@@ -122,4 +126,7 @@ def _problem(saved: Any, step: Any) -> str | None:
     first = saved.get("block_first")
     if first is not None and (not _is_count(first) or first > saved["step"]):
         return f"'block_first' is {first!r}, not a step at or before 'step'"
+    t_stop = saved.get("t_stop")
+    if t_stop is not None and (not _is_count(t_stop) or t_stop < saved["t_start"]):
+        return f"'t_stop' is {t_stop!r}, not a time at or after 't_start'"
     return None

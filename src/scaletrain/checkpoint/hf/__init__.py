@@ -44,12 +44,16 @@ def importer(model_type: object):
     return CONVERTERS[key][1]
 
 
-def export_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dtype=torch.float32) -> Path:
+def export_hf(
+    state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dtype=torch.float32, overwrite: bool = False
+) -> Path:
     """Write a full (unsharded) state dict as the Hugging Face directory of its architecture; returns its path.
+
+    `out_dir` must be new or empty; `overwrite` lets an existing directory's export files be replaced (others stay).
 
     gpt3 becomes `GPT2LMHeadModel`, llama `LlamaForCausalLM` (see gpt2.py / llama.py for the conversions).
     """
     adapter = model_spec(cfg.arch).hf_adapter
     if adapter not in CONVERTERS:
         raise ValueError(f"model.arch={cfg.arch!r} has no Hugging Face converter")
-    return CONVERTERS[adapter][0](state_dict, cfg, out_dir, dtype)
+    return CONVERTERS[adapter][0](state_dict, cfg, out_dir, dtype, overwrite)

@@ -6,12 +6,14 @@ Imports nothing from the per-architecture converters, so each of them (gpt2.py, 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import pickle
+import re
+import secrets
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -34,53 +36,140 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def publish_hf_dir(out_dir: Path, config: dict, tensors: dict[str, torch.Tensor], who: str) -> Path:
-    """Write config.json + model.safetensors into `out_dir` atomically: a temp dir swapped in by rename.
+def publish_hf_dir(
+    out_dir: Path, config: dict, tensors: dict[str, torch.Tensor], who: str, overwrite: bool = False
+) -> Path:
+    """Write config.json + model.safetensors into `out_dir`: a new or empty directory gets the whole export at once
+    (a temp dir swapped in by rename); an existing export only with `overwrite`, file by file (see swap_in).
 
-    Replacing means deleting: only ever replace an empty directory or one that looks like an earlier export.
+    Never deletes a directory: see new_tmp_dir for what is refused.
     """
     from safetensors import torch as st  # optional dependency: only exporting/importing needs it
 
-    tmp = new_tmp_dir(out_dir, who)
+    tmp = new_tmp_dir(out_dir, who, overwrite)
     try:
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         # transformers 4.x refuses safetensors files without a "format" entry in their metadata.
         st.save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         for name in ("config.json", "model.safetensors"):
             fsync_path(tmp / name)
-        swap_in(tmp, out_dir)
+        swap_in(tmp, out_dir, who, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
 
 
-def new_tmp_dir(out_dir: Path, who: str) -> Path:
-    """A fresh temporary directory beside `out_dir` to build an export in; FileExistsError (prefixed with `who`)
-    when `out_dir` exists and is neither empty nor an earlier HF export (replacing means deleting)."""
-    if out_dir.exists() and not (
-        out_dir.is_dir() and ((out_dir / "config.json").is_file() or not any(out_dir.iterdir()))
-    ):
-        raise FileExistsError(f"{who}: {out_dir} exists and is not an HF export; refusing to replace it")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+# Every name an export writes (single file or sharded like save_pretrained): --overwrite replaces these, nothing else.
+_EXPORT_FILE = re.compile(
+    r"^(config\.json|model\.safetensors|model\.safetensors\.index\.json|model-\d{5}-of-\d{5}\.safetensors)$"
+)
 
 
-def swap_in(tmp: Path, out_dir: Path) -> None:
-    """Replace `out_dir` by the complete export `tmp` (files already fsynced) with renames."""
-    fsync_path(tmp)
-    old = tmp.with_name(tmp.name.replace(".tmp-", ".old-"))
-    if out_dir.exists():
-        # rename() cannot replace a non-empty directory: move the old export aside, then swap the new one in.
-        os.replace(out_dir, old)
+def cwd_problem(out_dir: Path) -> str | None:
+    """Why `out_dir` is never an export target for being the current directory or one above it, or None."""
+    real, cwd = Path(os.path.realpath(out_dir)), Path(os.path.realpath(os.getcwd()))
+    if real == cwd or real in cwd.parents:
+        where = "the current directory" if real == cwd else f"above the current directory ({cwd})"
+        return f"{out_dir} is {where}; export into a new directory"
+    return None
+
+
+def export_target_problem(out_dir: Path, overwrite: bool = False) -> str | None:
+    """Why `out_dir` cannot receive an export, or None. Refused always: the current directory or one above it, a
+    non-directory, a dangling link; without `overwrite`: any directory that holds something (an export goes into a
+    new or empty directory)."""
+    out_dir = Path(out_dir)
+    problem = cwd_problem(out_dir)
+    if problem:
+        return problem
+    if out_dir.is_symlink() and not out_dir.exists():
+        return f"{out_dir} is a symbolic link to nothing ({os.readlink(out_dir)}); export into a new directory"
+    if not out_dir.exists():
+        return None
+    if not out_dir.is_dir():
+        return f"{out_dir} exists and is not a directory; export into a new directory"
     try:
-        os.replace(tmp, out_dir)
-    except BaseException:
-        if old.exists():
-            os.replace(old, out_dir)
+        entries = sorted(p.name for p in out_dir.iterdir())
+    except OSError as exc:
+        return f"{out_dir}: cannot list it ({exc.strerror})"
+    if entries and not overwrite:
+        return (
+            f"{out_dir} is not empty (holds {entries[0]!r}{' and more' if len(entries) > 1 else ''}); export into "
+            "a new or empty directory, or pass --overwrite to replace an earlier export's files there (others stay)"
+        )
+    # Checked before any file is replaced: a directory under an export file's name would stop the swap half-way.
+    odd = [n for n in entries if _EXPORT_FILE.match(n) and (out_dir / n).is_dir() and not (out_dir / n).is_symlink()]
+    if odd:
+        return f"{out_dir / odd[0]} is a directory where the export writes a file; move it away first"
+    return None
+
+
+def new_tmp_dir(out_dir: Path, who: str, overwrite: bool = False) -> Path:
+    """A fresh temporary directory beside `out_dir` to build an export in; FileExistsError (prefixed with `who`)
+    when export_target_problem refuses `out_dir`. The directory gets the permissions of any new directory
+    (0777 less the umask), not mkdtemp's 0700: it becomes the export itself."""
+    problem = export_target_problem(out_dir, overwrite)
+    if problem:
+        raise FileExistsError(f"{who}: {problem}")
+    real = Path(os.path.realpath(out_dir))
+    real.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        tmp = real.parent / f".{real.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            tmp.mkdir()
+            return tmp
+        except FileExistsError:
+            continue
+
+
+def swap_in(tmp: Path, out_dir: Path, who: str = "export_hf", overwrite: bool = False) -> None:
+    """Put the complete export `tmp` (files already fsynced) in place of `out_dir`, deleting no directory.
+
+    A missing or empty `out_dir` is replaced by `tmp` in one rename (a reader sees the whole export or nothing).
+    With `overwrite` a non-empty `out_dir` gets each file by its own rename (os.replace), then loses the export
+    files of an earlier, differently sharded export; every other file in it stays.
+    """
+    fsync_path(tmp)
+    # The export's own modes: safetensors creates its file 0600, the directory came from new_tmp_dir.
+    mask = _umask()
+    for path in tmp.iterdir():
+        os.chmod(path, 0o666 & ~mask)
+    real = Path(os.path.realpath(out_dir))
+    if overwrite and real.is_dir() and any(real.iterdir()):
+        names = sorted(p.name for p in tmp.iterdir())
+        # The config last: while files are being replaced an old config describes the old weights' shapes.
+        for name in sorted(names, key=lambda n: n == "config.json"):
+            os.replace(tmp / name, real / name)
+        for stale in real.iterdir():
+            if _EXPORT_FILE.match(stale.name) and stale.name not in names and stale.is_file():
+                stale.unlink()
+        fsync_path(real)
+        tmp.rmdir()
+        return
+    try:
+        # rename() replaces an empty directory and fails on one that gained files since the check: never a loss.
+        os.replace(tmp, real)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise FileExistsError(
+                f"{who}: {out_dir} changed while exporting ({exc.strerror}); nothing replaced"
+            ) from None
         raise
-    fsync_path(out_dir.parent)
-    shutil.rmtree(old, ignore_errors=True)
+    fsync_path(real.parent)
+
+
+def _umask() -> int:
+    """This process's umask (Linux reports it in /proc; elsewhere set and restored at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def check_state_shapes(who: str, sd: dict, expected: dict[str, tuple]) -> None:

@@ -103,12 +103,16 @@ def _hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
     }
 
 
-def export_gpt2_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dtype=torch.float32) -> Path:
+def export_gpt2_hf(
+    state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dtype=torch.float32, overwrite: bool = False
+) -> Path:
     """Write a full (unsharded) scaletrain gpt3 state dict as a Hugging Face GPT-2 directory; returns its path.
 
     `out_dir` gets `config.json` and `model.safetensors` with tensors cast to `dtype`. It is built in a temporary
     sibling directory and renamed into place only when complete, so a failed export leaves any previous export
-    at `out_dir` untouched. Raises ValueError on a missing, unexpected or wrongly shaped key, or an untied head.
+    at `out_dir` untouched. `out_dir` must be new or empty unless `overwrite` (common.publish_hf_dir). Raises
+    ValueError on a missing, unexpected or wrongly shaped key, or an untied head; FileExistsError for a refused
+    `out_dir`.
     """
     if not dtype.is_floating_point:
         raise ValueError(f"export_hf: dtype={dtype} is not a floating-point dtype")
@@ -144,7 +148,7 @@ def export_gpt2_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_di
     put("transformer.ln_f.weight", sd["ln_f.weight"])
     put("transformer.ln_f.bias", sd["ln_f.bias"])
 
-    return publish_hf_dir(Path(out_dir), _hf_config(cfg, dtype), out, "export_hf")
+    return publish_hf_dir(Path(out_dir), _hf_config(cfg, dtype), out, "export_hf", overwrite)
 
 
 def gpt2_config(path: Path) -> ModelConfig:

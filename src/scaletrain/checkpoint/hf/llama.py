@@ -139,11 +139,14 @@ def _hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
     }
 
 
-def export_llama_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dtype=torch.float32) -> Path:
+def export_llama_hf(
+    state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dtype=torch.float32, overwrite: bool = False
+) -> Path:
     """Write a full (unsharded) scaletrain llama state dict as a Hugging Face Llama directory; returns its path.
 
-    Tensors are cast to `dtype`. The directory is built beside `out_dir` and renamed into place when complete.
-    Raises ValueError on a missing, unexpected or wrongly shaped key.
+    Tensors are cast to `dtype`. The directory is built beside `out_dir` and renamed into place when complete;
+    `out_dir` must be new or empty unless `overwrite` (common.publish_hf_dir). Raises ValueError on a missing,
+    unexpected or wrongly shaped key; FileExistsError for a refused `out_dir`.
     """
     if not dtype.is_floating_point:
         raise ValueError(f"export_llama_hf: dtype={dtype} is not a floating-point dtype")
@@ -170,7 +173,7 @@ def export_llama_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_d
         put(hf + "mlp.up_proj.weight", fc[1::2])
     put("model.norm.weight", sd["ln_f.weight"])
     put("lm_head.weight", sd["head.weight"])
-    return publish_hf_dir(Path(out_dir), _hf_config(cfg, dtype), out, "export_llama_hf")
+    return publish_hf_dir(Path(out_dir), _hf_config(cfg, dtype), out, "export_llama_hf", overwrite)
 
 
 def _rope(hf: dict, cfg_file) -> Rope:

@@ -98,12 +98,15 @@ def _write_local(
     return nbytes
 
 
-def export_hf_sharded(parts: list[torch.nn.Module], cfg: ModelConfig, out_dir, dtype=torch.float32) -> tuple[Path, int]:
+def export_hf_sharded(
+    parts: list[torch.nn.Module], cfg: ModelConfig, out_dir, dtype=torch.float32, overwrite: bool = False
+) -> tuple[Path, int]:
     """Write this rank's shards of a (sharded) model as part of a Hugging Face directory; every rank calls it.
 
     Returns (the directory, bytes of tensor data this rank wrote). The result holds the same tensors as
     `export_hf(full_state_dict, cfg, out_dir, dtype)`, split into one file per rank. ValueError for a model
-    without a converter or a non-floating dtype; FileExistsError when `out_dir` is something else.
+    without a converter or a non-floating dtype; FileExistsError when `out_dir` is refused: it must be new or
+    empty unless `overwrite` (common.export_target_problem).
     """
     import torch.distributed as dist
 
@@ -135,7 +138,7 @@ def export_hf_sharded(parts: list[torch.nn.Module], cfg: ModelConfig, out_dir, d
     box: list = [None, None]
     if rank == 0:
         try:
-            tmp = new_tmp_dir(out_dir, "export_hf")
+            tmp = new_tmp_dir(out_dir, "export_hf", overwrite)
             hf_config = (llama_mod._hf_config if adapter == "llama" else gpt2_mod._hf_config)(cfg, dtype)
             (tmp / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
             if len(files) > 1:
@@ -179,7 +182,7 @@ def export_hf_sharded(parts: list[torch.nn.Module], cfg: ModelConfig, out_dir, d
     if rank == 0:
         for file in [*files, "config.json", *(["model.safetensors.index.json"] if len(files) > 1 else [])]:
             fsync_path(tmp / file)
-        swap_in(tmp, out_dir)
+        swap_in(tmp, out_dir, "export_hf", overwrite)
     if distributed:
         dist.barrier()
     return out_dir, nbytes
