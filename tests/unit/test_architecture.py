@@ -19,6 +19,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "scaletrain"
 # Layer 0 has an order inside it: the logger, the benchmark registry and the TOML machinery come before config.
 LAYERS: dict[str, float] = {
     "log": 0,
+    "diskfull": 0,
     "benchmarks": 0,
     "architectures": 0,
     "config_io": 0,
