@@ -149,3 +149,22 @@ def test_the_environment_turns_it_on(monkeypatch):
     with checking() as on:
         assert on and collective_check.installed()
     assert not collective_check.installed()
+
+
+@pytest.mark.parametrize("value, hooked", [("0", False), ("1", True), ("", True)])
+def test_comm_timing_switch(monkeypatch, value, hooked):
+    """SCALETRAIN_COMM_TIMING=0 leaves torch's Work.wait and wait_tensor as they are (to rule the hooks out)."""
+    import torch.distributed._functional_collectives as funcol
+    from torch._C._distributed_c10d import Work
+
+    from scaletrain.train.perf import TIMING_ENV, CommWaits
+
+    monkeypatch.setenv(TIMING_ENV, value)
+    wait, wait_tensor = Work.wait, funcol.wait_tensor
+    waits = CommWaits()
+    waits.install()
+    try:
+        assert (Work.wait is not wait) == hooked and (funcol.wait_tensor is not wait_tensor) == hooked
+    finally:
+        waits.uninstall()
+    assert Work.wait is wait and funcol.wait_tensor is wait_tensor
