@@ -76,8 +76,9 @@ def run_ranks(fn, world_size: int, *args, timeout: float = 240.0) -> list:
     group, with a warning that says so, and the retry is recorded (`record_retry`) so that the end of the pytest run
     counts it: on the 2-core CI machine a rank of the 2-rank tensor-parallel case has aborted with a corrupted heap
     ("malloc(): unaligned tcache chunk detected", native code, no Python frame of its own) twice in about 50 runs,
-    not since the collective check (module docstring) and not in 60 reruns (docs/multinode.md, "A rank that dies
-    natively"). A second crash, and any Python exception, fails the test as before.
+    and not in 50 reruns with the collective check and glibc's heap checking on (docs/multinode.md, "A rank that
+    dies natively"). The retry reruns the whole group from scratch, so a passing test never rests on the crashed
+    attempt's numbers. A second crash, and any Python exception, fails the test as before.
     """
     try:
         return _run_once(fn, world_size, *args, timeout=timeout)
