@@ -24,6 +24,7 @@ import torch.distributed as dist
 from scaletrain.config import Config
 from scaletrain.model.flops import flops_per_token
 from scaletrain.model.loss import IGNORE_INDEX, loss_sum
+from scaletrain.parallel import collective_check
 from scaletrain.parallel.layout import Layout
 from scaletrain.sim.catalog import mfu_peak
 from scaletrain.train.distributed import init_distributed, local_rank
@@ -115,6 +116,7 @@ class Trainer:
         self.step = 0  # optimizer steps taken since run start
         self._loss_scale = 1.0
         self.comm_waits, self.clock = CommWaits(), StepClock(self.device)  # the step breakdown (train/perf.py)
+        self._checking_collectives = False  # SCALETRAIN_CHECK_COLLECTIVES=1 (parallel/collective_check.py)
         self.prediction: dict | None = None  # prediction.json of this run (rank 0)
         self.step_times: list[float] = []
 
@@ -140,6 +142,9 @@ class Trainer:
         """Untimed: threads, mesh, parallelized build, warm-up on synthetic tokens, reset to the cold-start state."""
         from scaletrain.parallel.parallelize import parallelize
 
+        if collective_check.enabled() and not self._checking_collectives:
+            collective_check.install()  # debug mode: every tensor handed to a collective is checked (until finish)
+            self._checking_collectives = True
         if self.device.type == "cpu":
             setup_cpu(self._threads())
         if self.world_size > 1:
@@ -276,6 +281,9 @@ class Trainer:
         """Publish a pending asynchronous checkpoint and close metrics sinks; the loop writes result.json."""
         self.stop_signals.uninstall()
         self.comm_waits.uninstall()
+        if self._checking_collectives:
+            collective_check.uninstall()
+            self._checking_collectives = False
         try:
             self.checkpointer.finish()
         finally:

@@ -17,7 +17,8 @@ and reduce-scatter waits, and the pipeline schedule's send/receive waits; and ev
 (`torch.distributed._functional_collectives.wait_tensor`, hooked the same way): DTensor's collectives of tensor and
 sequence parallelism, eager mode. On CPU (gloo) it is wall time in the wait; on CUDA the time the current stream
 stalled on the collective, between CUDA events recorded around the wait (or the host's time in it where that is
-longer: a blocking wait).
+longer: a blocking wait). `SCALETRAIN_COMM_TIMING=0` leaves both unhooked (comm_exposed_s is then 0): a way to rule
+the hooks out when a collective misbehaves.
 Not counted: waits inside C++ that never return to Python (composable DDP's gradient all-reduce, which its reducer
 waits for at the end of backward; functional collectives inside a torch.compile graph), and on CUDA FSDP2's
 stream-to-stream waits. Those stay in fwd_bwd_s, so comm_exposed_s is a lower bound there.
@@ -28,6 +29,7 @@ time the loop waited for the save; an asynchronous save's background upload is n
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -41,6 +43,7 @@ from scaletrain.train.device_probe import device_figures
 log = get_logger(__name__)
 
 PREDICTION_FILE = run_prediction.PREDICTION_FILE
+TIMING_ENV = "SCALETRAIN_COMM_TIMING"  # "0": Work.wait and wait_tensor stay torch's own (no comm_exposed_s)
 
 
 # ---------------------------------------------------------------- exposed communication
@@ -106,7 +109,7 @@ class CommWaits:
 
     def install(self, device: torch.device | None = None) -> None:
         """Wrap torch's Work.wait (once per process however many users); a CUDA `device` times stream stalls."""
-        if self.installed:
+        if self.installed or os.environ.get(TIMING_ENV, "").strip() == "0":
             return
         if device is not None and device.type == "cuda":
             _CLOCK.cuda = True
