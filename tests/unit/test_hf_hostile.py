@@ -533,3 +533,54 @@ def test_a_hub_cache_snapshot_links_into_its_blobs(bases, tmp_path):
         (snap / name).symlink_to(Path("../../blobs") / f"sha-{name}")
     cfg, sd = import_gpt2_hf(snap)
     assert cfg.n_layers == 2 and "embed.tok.weight" in sd
+
+
+# The distributed reader (hf/sharded.py: each rank reads its own slices) takes the same directory through
+# `load_init_weights`: its checks come before any collective, so one process with a faked two-rank group runs them.
+SHARDED = [
+    (
+        "shard_symlink_out",
+        "gpt2_split",
+        lambda d: _rename_shard(d, _outside_symlink),
+        ["link.safetensors: links to", "outside"],
+    ),
+    ("shard_fifo", "gpt2_split", _fifo_shard, ["pipe.safetensors: not a regular file"]),
+    (
+        "index_deep",
+        "gpt2_split",
+        lambda d: (d / "model.safetensors.index.json").write_text(_deep(10**5)),
+        ["model.safetensors.index.json", "nested"],
+    ),
+    ("n_head_zero", "gpt2_split", lambda d: _config(d, n_head=0), ["config.json", "n_head=0"]),
+    (
+        "eps_nan",
+        "gpt2_split",
+        lambda d: _config(d, layer_norm_epsilon=float("nan")),
+        ["config.json", "layer_norm_epsilon=nan"],
+    ),
+    ("single_symlink_out", "gpt2", _single_symlink_out, ["model.safetensors: links to", "outside"]),
+]
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("base, damage, expected", [c[1:] for c in SHARDED], ids=[c[0] for c in SHARDED])
+def test_sharded_reader_refuses_in_one_line(base, damage, expected, bases, tmp_path, monkeypatch):
+    import torch
+
+    from scaletrain.checkpoint.init_from import load_init_weights
+    from scaletrain.checkpoint.store import CheckpointError
+
+    d = tmp_path / "hf"
+    shutil.copytree(bases[base], d, symlinks=True)
+    damage(d)
+    before = snapshot(tmp_path)
+    want = resolve(SHAPES["gpt2"][0], overrides=[*SHAPES["gpt2"][1], "model.vocab_size=1024"]).model
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a: 2)
+    with pytest.raises(CheckpointError) as err:
+        load_init_weights([build_model(want)], want, str(d))
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"checkpoint.init_from={d}: "), message
+    for part in expected:
+        assert part in message, (part, message)
+    assert snapshot(tmp_path) == before

@@ -347,3 +347,35 @@ def test_report_whose_plot_path_is_a_directory_is_one_line(base, tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith(f"scaletrain: error: {run / 'perf.png'}: cannot write")
     assert snapshot(tmp_path) == before  # loss.png not drawn either
+
+
+# `sim calibrate --layer-timings JSON` (benchmarks/gpu_mfu.py's output) is read the same way.
+TIMINGS = [
+    ("deep", _deep(), "nested more than"),
+    ("list", "[]", "not a layer-timings file"),
+    ("inner_list", json.dumps({"layer_timings": []}), "not a layer-timings file"),
+    ("gpu_number", json.dumps({"gpu": 5}), "gpu=5"),
+    (
+        "block_without_model",
+        json.dumps({"gpu": "h100", "blocks": [{"fwd_s": 0.1, "bwd_s": 0.2, "mbs": 1}]}),
+        "missing 'model'",
+    ),
+    (
+        "block_time_string",
+        json.dumps({"gpu": "h100", "blocks": [{"model": "gpt3-proxy", "mbs": 1, "fwd_s": "x", "bwd_s": 0.2}]}),
+        "not a layer-timings file",
+    ),
+]
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("text, expected", [t[1:] for t in TIMINGS], ids=[t[0] for t in TIMINGS])
+def test_crafted_layer_timings_are_one_line(text, expected, tmp_path, capsys):
+    path = tmp_path / "gpu_mfu.json"
+    path.write_text(text)
+    before = snapshot(tmp_path)
+    code = main(["sim", "calibrate", "--layer-timings", str(path), "--out", str(tmp_path / "fit.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"scaletrain: error: {path}: ") and expected in err[0], err[0]
+    assert snapshot(tmp_path) == before
