@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import itertools
 import json
 import math
 import os
@@ -71,23 +72,18 @@ class FileFormatError(ConfigError):
 
 
 def _json_depth_over(text: str, max_depth: int) -> bool:
-    """Whether JSON `text` nests deeper than `max_depth` (brackets inside strings do not count); linear, no
-    recursion."""
+    """Whether JSON `text` opens more than `max_depth` levels (brackets inside strings do not count). No Python
+    loop per character: strings cut by a regular expression, the rest reduced to its brackets by bytes.translate,
+    the running depth by accumulate (~1 s for 20 MB of brackets)."""
     if text.count("[") + text.count("{") <= max_depth:  # the common case: cannot be that deep
         return False
-    depth = 0
-    for match in _JSON_TOKENS.finditer(text):
-        token = match.group()
-        if token == "[" or token == "{":
-            depth += 1
-            if depth > max_depth:
-                return True
-        elif token == "]" or token == "}":
-            depth -= 1
-    return False
+    brackets = _JSON_STRING.sub("", text).encode("utf-8", "replace").translate(None, _ALL_BUT_BRACKETS)
+    return max(itertools.accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0) > max_depth
 
 
-_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_ALL_BUT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+_DEPTH_STEP = tuple(1 if c in b"[{" else -1 if c in b"]}" else 0 for c in range(256))
 
 
 def loads_bounded(text: str | bytes, where: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
