@@ -163,18 +163,22 @@ def cmd_bench_check(args) -> int:
 def cmd_report(args) -> int:
     """Draw loss.png (training and evaluation loss) from each run directory's metrics.jsonl, and perf.png (measured
     step time and breakdown beside prediction.json's) for the run, or overlaid for several; print the perf table."""
-    from scaletrain.train.perf_report import report_perf
-    from scaletrain.train.report import plot_run
+    from scaletrain.train.perf_report import RunPerf, perf_table, plot_perf
+    from scaletrain.train.report import check_writable, draw_loss, loss_targets, read_loss
 
     dirs = [Path(d) for d in args.run_dir]
-    for d in dirs:
-        for path in plot_run(d):
-            print(path)
+    # Everything is read and checked, and every output directory found writable, before the first plot is drawn:
+    # a bad file or a read-only directory ends the report in one line with nothing written.
+    losses = [(target, read_loss(runs)) for d in dirs for target, runs in loss_targets(d)]
     runs = sorted(p for p in dirs[0].glob("run_*") if (p / "metrics.jsonl").is_file()) if len(dirs) == 1 else []
-    out = Path(args.out) if args.out else (dirs[0] / "perf.png" if runs else None)
-    perf, table = report_perf(runs or dirs, out)
-    print(perf)
-    print(table)
+    perf_runs = [RunPerf(d) for d in runs or dirs]
+    out = Path(args.out) if args.out else (dirs[0] / "perf.png" if runs or len(dirs) == 1 else Path("perf.png"))
+    for path in [target / "loss.png" for target, _ in losses] + [out]:
+        check_writable(path)
+    for target, data in losses:
+        print(draw_loss(target, data))
+    print(plot_perf(perf_runs, out))
+    print(perf_table(perf_runs))
     return 0
 
 

@@ -10,8 +10,12 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import itertools
 import json
 import math
+import os
+import re
+import stat
 import sys
 import textwrap
 from dataclasses import fields
@@ -47,13 +51,98 @@ def load_config_file(text: str, where: str) -> dict[str, Any]:
     config a run wrote), TOML otherwise; ConfigError naming `where` when it does not parse."""
     if not where.endswith(".json"):
         return load_toml(text, where)
-    try:
-        table = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{where}: not valid JSON: {exc}") from None
+    table = loads_bounded(text, where)
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: a config is a JSON object of sections, got {type(table).__name__}")
     return table
+
+
+# ---------------------------------------------------------------- JSON from files nobody vouches for
+MAX_JSON_DEPTH = 64
+"""Nesting a JSON file read from a run or Hugging Face directory may have: theirs is 3 or 4 deep. The stdlib parser
+recurses once per level, so a 10^5-deep file is a RecursionError (a traceback) without a bound checked first."""
+MAX_JSON_BYTES = 64 << 20
+"""Size such a JSON file may have (a sharded index of a 100k-tensor model is ~10 MB)."""
+
+
+class FileFormatError(ConfigError):
+    """A file read as untrusted data (a run directory's or a Hugging Face directory's JSON) does not parse, is too
+    deep or too big, is not a regular file, or holds a value of the wrong type or range; the message is one line
+    naming the file."""
+
+
+def _json_depth_over(text: str, max_depth: int) -> bool:
+    """Whether JSON `text` opens more than `max_depth` levels (brackets inside strings do not count). No Python
+    loop per character: strings cut by a regular expression, the rest reduced to its brackets by bytes.translate,
+    the running depth by accumulate (~1 s for 20 MB of brackets)."""
+    if text.count("[") + text.count("{") <= max_depth:  # the common case: cannot be that deep
+        return False
+    brackets = _JSON_STRING.sub("", text).encode("utf-8", "replace").translate(None, _ALL_BUT_BRACKETS)
+    return max(itertools.accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0) > max_depth
+
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_ALL_BUT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+_DEPTH_STEP = tuple(1 if c in b"[{" else -1 if c in b"]}" else 0 for c in range(256))
+
+
+def loads_bounded(text: str | bytes, where: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """JSON `text` parsed, refused (FileFormatError naming `where`, one line) when it is not JSON, not UTF-8 or
+    nests deeper than `max_depth`."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise FileFormatError(f"{where}: not UTF-8 text (byte {exc.start})") from None
+    if _json_depth_over(text, max_depth):
+        raise FileFormatError(f"{where}: JSON nested more than {max_depth} levels deep; refusing to parse it")
+    try:
+        return json.loads(text)
+    except RecursionError:  # unreachable after the depth check; kept so no input can make a traceback
+        raise FileFormatError(f"{where}: JSON nested too deep") from None
+    except ValueError as exc:  # JSONDecodeError, and ints longer than sys.get_int_max_str_digits()
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise FileFormatError(f"{where}: not valid JSON: {msg}") from None
+
+
+def read_bytes_bounded(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES) -> bytes:
+    """The bytes of regular file `path`, at most `max_bytes` of them; FileNotFoundError when it is missing,
+    FileFormatError (one line naming it) when it is not a regular file (a FIFO would block the read forever, a
+    device never end), is larger or cannot be read."""
+    try:
+        # O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer, before fstat can tell what it is.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise FileFormatError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileFormatError(f"{path}: not a regular file")
+        if st.st_size > max_bytes:
+            raise FileFormatError(f"{path}: {st.st_size} bytes, more than the {max_bytes} this file may have")
+        chunks, size = [], 0
+        while size <= max_bytes:  # the file may grow while it is read: never more than the bound
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise FileFormatError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    if size > max_bytes:
+        raise FileFormatError(f"{path}: more than the {max_bytes} bytes this file may have")
+    return b"".join(chunks)
+
+
+def load_json_bounded(path: str | os.PathLike, max_depth: int = MAX_JSON_DEPTH, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """The parsed JSON of file `path`, read as untrusted data: FileNotFoundError when missing, FileFormatError
+    (one line naming the file) when it is not a regular file, over `max_bytes`, not UTF-8, not JSON or nested
+    deeper than `max_depth`."""
+    return loads_bounded(read_bytes_bounded(path, max_bytes), str(path), max_depth)
 
 
 def preset_dict(name: str) -> dict[str, Any]:

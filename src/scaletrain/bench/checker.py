@@ -209,13 +209,13 @@ def run_ruleset(run_dir: str | Path) -> str:
 
 
 def _run_bench_field(run_dir: str | Path, name: str) -> str:
-    import json
+    from scaletrain.config_io import load_json_bounded
 
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         return ""
-    try:
-        value = json.loads(path.read_text()).get("bench", {}).get(name)
+    try:  # bounded: a 10^5-deep file is a RecursionError for the plain parser
+        value = load_json_bounded(path).get("bench", {}).get(name)
     except (ValueError, AttributeError):
         raise ValueError(f"{path}: not a scaletrain config.json; pass --benchmark NAME") from None
     return value if isinstance(value, str) else ""

@@ -11,7 +11,7 @@ llama2_70b_lora loads its base model there.
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -123,14 +123,22 @@ def load_init_weights(parts: list[torch.nn.Module], want: ModelConfig, where: st
     import torch.distributed as dist
 
     p = Path(where)
+    if _is_hf_dir(p):
+        from scaletrain.checkpoint.hf.sharded import hf_model_config
+
+        # config.json alone first: a model that does not match (or cannot be built) is refused before a byte of
+        # its weights is read or a shape table built from it.
+        try:
+            _, have = hf_model_config(p)
+        except (ValueError, OSError) as exc:
+            raise CheckpointError(f"checkpoint.init_from={p}: {_one_line(exc)}") from None
+        check_compatible(want, have, where, what=str(p / "config.json"))
     if dist.is_initialized() and dist.get_world_size() > 1 and _is_hf_dir(p, safetensors_only=True):
         from safetensors import SafetensorError
 
-        from scaletrain.checkpoint.hf.sharded import hf_model_config, load_hf_sharded
+        from scaletrain.checkpoint.hf.sharded import load_hf_sharded
 
         try:
-            _, have = hf_model_config(p)
-            check_compatible(want, have, where)
             load_hf_sharded(parts, p)
         except (ValueError, TypeError, KeyError, OSError, SafetensorError) as exc:
             raise CheckpointError(f"checkpoint.init_from={p}: {_one_line(exc)}") from None
@@ -145,22 +153,25 @@ def _read_hf(p: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     from safetensors import SafetensorError
 
     try:
-        hf = json.loads((p / "config.json").read_text())
-        if not isinstance(hf, dict):
-            raise ValueError(f"{p / 'config.json'}: not a JSON object")
         from scaletrain.checkpoint.hf import importer
+        from scaletrain.checkpoint.hf.common import read_config_json
 
+        _, hf = read_config_json(p)
         return importer(hf.get("model_type", ""))(p)
-    except (ValueError, TypeError, KeyError, SafetensorError) as exc:  # a file that is not what it claims to be
+    except (ValueError, TypeError, KeyError, OSError, SafetensorError) as exc:  # not what it claims to be
         raise CheckpointError(f"checkpoint.init_from={p}: {_one_line(exc)}") from None
 
 
-def check_compatible(want: ModelConfig, have: ModelConfig, where: str) -> None:
-    """One-line CheckpointError when the saved model's shapes differ from the configured one."""
+def check_compatible(want: ModelConfig, have: ModelConfig, where: str, what: str = "saved model") -> None:
+    """One-line CheckpointError when the saved model (`what`: its description in the message) differs from the
+    configured one in shape, rotary frequencies or normalisation epsilon."""
     fields = _SHAPE_FIELDS + _ROPE_FIELDS + (_LLAMA3_FIELDS if want.rope_kind == have.rope_kind == "llama3" else ())
     diffs = [f"{f} {getattr(have, f)} != {getattr(want, f)}" for f in fields if getattr(have, f) != getattr(want, f)]
+    # The weights were trained with their normalisation epsilon: running them with another is a different model.
+    if not math.isclose(have.ln_eps, want.ln_eps, rel_tol=1e-6):
+        diffs.append(f"ln_eps {have.ln_eps} != {want.ln_eps}")
     if diffs:
-        raise CheckpointError(f"checkpoint.init_from={where}: saved model does not match model.*: {', '.join(diffs)}")
+        raise CheckpointError(f"checkpoint.init_from={where}: {what} does not match model.*: {', '.join(diffs)}")
 
 
 def load_base_weights(parts: list[torch.nn.Module], state: dict[str, torch.Tensor]) -> None:

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from scaletrain.config_io import FileFormatError, load_json_bounded
 from scaletrain.sim import calibrate as cal
 from scaletrain.sim.efficiency import efficiency_for
 
@@ -27,10 +27,20 @@ def calibrate_layer_timings(args, cat) -> dict:
     overhead) -> the efficiency set "measured/<generation>"."""
     from scaletrain.sim.efficiency import GENERATION
 
-    doc = json.loads(Path(args.layer_timings).read_text())
-    key = args.gpu or doc.get("layer_timings", doc).get("gpu")
+    path = args.layer_timings
+    doc = load_json_bounded(path)
+    timings = doc.get("layer_timings", doc) if isinstance(doc, dict) else None
+    if not isinstance(timings, dict):
+        raise FileFormatError(f"{path}: not a layer-timings file (a JSON object, or one with a 'layer_timings' object)")
+    key = args.gpu or timings.get("gpu")
+    if key is not None and not isinstance(key, str):
+        raise FileFormatError(f"{path}: gpu={key!r} must be a catalog GPU name")
     base = efficiency_for(args.calibration, cat.gpu(key).key)[1] if key else None
-    fit = cal.fit_layer_timings(doc, cat, args.gpu, base)
+    try:
+        fit = cal.fit_layer_timings(doc, cat, args.gpu, base)
+    except (KeyError, TypeError, AttributeError, ArithmeticError) as exc:  # an entry of the wrong shape
+        what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0] if str(exc) else ""
+        raise FileFormatError(f"{path}: not a layer-timings file ({type(exc).__name__}: {what})") from None
     rep, eff = fit["report"], fit["efficiency"]
     for b in rep["blocks"]:
         print(

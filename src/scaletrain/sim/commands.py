@@ -262,6 +262,18 @@ def cmd_validate(args) -> int:
     return 0 if scores else 1
 
 
+def _first_nonfinite(doc, where: str = "") -> tuple[str, float] | None:
+    """(path, value) of the first NaN or infinite number in JSON-like `doc`, else None."""
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return where or "the top level", doc
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, (list, tuple)) else ()
+    for key, value in items:
+        found = _first_nonfinite(value, f"{where}.{key}" if where else str(key))
+        if found:
+            return found
+    return None
+
+
 def cmd_calibrate(args) -> int:
     """Fit the efficiency scalars: on published results (--published, default the calibration rows), on
     scaletrain's own measured runs (RUN_DIR...), or on one GPU's per-layer timings (--layer-timings, also giving
@@ -288,7 +300,10 @@ def cmd_calibrate(args) -> int:
             f"fitted {len(effs)} sets on {len(ready)} rows: time-to-train MAPE {s['ttt']['mape_pct']:.2f}% "
             f"(max {s['ttt']['max_err_pct']:.2f}%), with published convergence {s['perf']['mape_pct']:.2f}%"
         )
-    text = json.dumps(doc, indent=2) + "\n"
+    nonfinite = _first_nonfinite(doc)
+    if nonfinite:  # a consumer of the file would read a bare NaN as a number, or fail on it: write none
+        raise ValueError(f"sim calibrate: the fit gave {nonfinite[1]} at {nonfinite[0]}; nothing written")
+    text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
     if args.out:
         Path(args.out).write_text(text)
         print(f"wrote {args.out}; use it with SCALETRAIN_EFFICIENCY={args.out}")

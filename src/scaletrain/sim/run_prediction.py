@@ -8,10 +8,8 @@ trainer measures (`MEASURED_KEYS`). `compare` builds result.json's "predicted_vs
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
-from pathlib import Path
 
 from scaletrain.sim import memory
 from scaletrain.sim.catalog import GPU, Fabric, Node
@@ -82,15 +80,6 @@ def price_run(w: Workload, layout: ClusterLayout, gpu: GPU, node: Node, fabric: 
         "sim_breakdown": dict(st.breakdown),
         "memory_gib": mem.gib(),
     }
-
-
-def read_prediction(run_dir: str | Path) -> dict | None:
-    """prediction.json of a run directory, or None where there is none (or it is not a JSON object)."""
-    try:
-        doc = json.loads((Path(run_dir) / PREDICTION_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def steady_median(step_times: list[float]) -> float:

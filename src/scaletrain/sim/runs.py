@@ -12,19 +12,20 @@ parallel/), so a default FSDP run (`parallel.dp_shard=-1`) is priced as ZeRO-3 e
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from scaletrain.config import Config, from_dict
+from scaletrain.config import Config, ConfigError, from_dict
+from scaletrain.config_io import FileFormatError
 from scaletrain.sim.catalog import Catalog
 from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import GENERATION, Efficiency
 from scaletrain.sim.gemm_classes import run_gemm_gflop
 from scaletrain.sim.host_device import CPU_KEY, cpu_system
-from scaletrain.sim.run_prediction import MEASURED_KEYS, SIM_TO_MEASURED, read_prediction, steady_median
+from scaletrain.sim.run_files import read_config_table, read_metrics, read_prediction
+from scaletrain.sim.run_prediction import MEASURED_KEYS, SIM_TO_MEASURED, steady_median
 from scaletrain.sim.step import StepResult, step_time
 from scaletrain.sim.workload import ClusterLayout, Workload
 
@@ -128,7 +129,12 @@ def _device(run: Path, prediction: dict | None, last: dict, gpu: str | None, cat
     if not key:
         name = device.get("name") or "a device the catalog does not know"
         raise ValueError(f"{run}: ran on {name}; pass --gpu to name its catalog entry")
-    g, n, f = cat.system(str(key))
+    try:
+        g, n, f = cat.system(str(key))
+    except ValueError as exc:
+        if gpu:  # the --gpu flag's, not the run's
+            raise
+        raise ValueError(f"{run}: {exc}") from None
     return g.key, GENERATION.get(g.key, g.key), (g, n, f)
 
 
@@ -141,18 +147,21 @@ def read_run(run_dir: str | Path, sim_inputs: SimInputs, cat: Catalog, gpu: str 
     run = Path(run_dir)
     cfg_path, metrics_path = run / "config.json", run / "metrics.jsonl"
     for path in (cfg_path, metrics_path):
-        if not path.is_file():
+        if not path.exists():  # a FIFO or a directory in its place is refused by the reader, in one line
             raise FileNotFoundError(f"{run}: no {path.name} (not a scaletrain run directory)")
     try:
-        cfg = from_dict(json.loads(cfg_path.read_text()))
-        records = [json.loads(line) for line in metrics_path.read_text().splitlines() if '"step_time_s"' in line]
-    except ValueError as exc:
-        raise ValueError(f"{run}: unreadable config.json or metrics.jsonl ({exc})") from None
+        cfg = from_dict(read_config_table(run))
+    except FileFormatError:
+        raise
+    except ConfigError as exc:  # a field's problem, named by from_dict as "config.json: ..."
+        raise ValueError(f"{cfg_path}: {str(exc).removeprefix('config.json: ')}") from None
+    train, _ = read_metrics(run)
+    records = [r for r in train if "step_time_s" in r]
     if len(records) < 3:
         raise ValueError(f"{metrics_path}: fewer than 3 timed steps")
     last = records[-1]
     world = last.get("world_size")
-    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+    if world is None:
         raise ValueError(f"{metrics_path}: the step records carry no world_size (a run from an older scaletrain)")
     prediction = read_prediction(run)
     key, group, (g, n, f) = _device(run, prediction, last, gpu, cat)
@@ -160,7 +169,10 @@ def read_run(run_dir: str | Path, sim_inputs: SimInputs, cat: Catalog, gpu: str 
     parts = None
     if all(isinstance(r.get(k), (int, float)) for r in steady for k in MEASURED_KEYS):
         parts = {k: statistics.median(r[k] for r in steady) for k in MEASURED_KEYS}
-    w, layout = sim_inputs(cfg, world)
+    try:
+        w, layout = sim_inputs(cfg, world)
+    except ValueError as exc:
+        raise ValueError(f"{run}: {world} ranks: {exc}") from None
     prior = (prediction or {}).get("step_time_s")
     return MeasuredRun(
         path=str(run),
@@ -172,6 +184,6 @@ def read_run(run_dir: str | Path, sim_inputs: SimInputs, cat: Catalog, gpu: str 
         cluster=Cluster(g, n, f, world),
         step_time_s=steady_median([r["step_time_s"] for r in records]),
         parts=parts,
-        prior_step_s=float(prior) if isinstance(prior, (int, float)) and not isinstance(prior, bool) else None,
+        prior_step_s=float(prior) if prior is not None else None,  # checked by read_prediction
         gemm_gflop=run_gemm_gflop(w, layout),
     )

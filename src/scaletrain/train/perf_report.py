@@ -11,8 +11,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from scaletrain.sim.run_prediction import read_prediction, steady_median
-from scaletrain.train.report import read_metrics
+from scaletrain.sim.run_files import read_metrics, read_prediction
+from scaletrain.sim.run_prediction import steady_median
+from scaletrain.train.report import save_figure
 
 PARTS = ("data_s", "compute_s", "comm_exposed_s", "optimizer_s", "other_s")
 """The stacked parts: compute_s is fwd_bwd_s less its exposed communication, so the parts sum to the step time."""
@@ -43,8 +44,8 @@ class RunPerf:
 
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir)
-        train, _ = read_metrics(self.path)
-        self.records = [r for r in train if isinstance(r.get("step_time_s"), (int, float))]
+        train, _ = read_metrics(self.path)  # every field checked: finite, in range (sim/run_files.py)
+        self.records = [r for r in train if "step_time_s" in r]
         self.prediction = read_prediction(self.path)
 
     @property
@@ -97,7 +98,8 @@ def perf_table(runs: list[RunPerf]) -> str:
             step_text = f"{step:9.4f}" if step is not None else f"{'-':>9}"
             lines.append(f"{run.name[:20]:<20} {label:<9} {step_text} {r:>6}{cells}")
         if run.prediction and "error" in run.prediction:
-            lines.append(f"{'':<20} prediction failed: {run.prediction['error']}")
+            error = run.prediction["error"].strip().splitlines()[:1] or ["(no message)"]
+            lines.append(f"{'':<20} prediction failed: {error[0][:200]}")
         elif run.prediction is None:
             lines.append(f"{'':<20} no prediction.json")
     lines.append(
@@ -113,7 +115,7 @@ def plot_perf(runs: list[RunPerf], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, bars) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (ax, bars) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=110, gridspec_kw={"width_ratios": [3, 2]})
     for run in runs:
         (line,) = ax.plot(
             [r["step"] for r in run.records], [r["step_time_s"] for r in run.records], lw=0.9, label=run.name
@@ -142,9 +144,10 @@ def plot_perf(runs: list[RunPerf], path: Path) -> Path:
     bars.legend(fontsize=8)
     fig.suptitle(" vs ".join(r.name for r in runs) if len(runs) > 1 else str(runs[0].path))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    try:
+        return save_figure(fig, path)
+    finally:
+        plt.close(fig)
 
 
 def report_perf(run_dirs: list[Path], out: Path | None = None) -> tuple[Path, str]:

@@ -1,83 +1,131 @@
-"""`scaletrain report`: loss curves of a run (or of every run of a benchmark) as loss.png."""
+"""`scaletrain report`: loss curves of a run (or of every run of a benchmark) as loss.png.
+
+The run directories are read as untrusted data (`sim/run_files.py`: every field checked, one line naming the file
+for anything wrong); the plots are written only where every one of them can be, each through a temporary file and
+a rename, so a failed report leaves no half-written or damaged png behind.
+"""
 
 from __future__ import annotations
 
-import json
+import math
+import os
 from pathlib import Path
 
 from scaletrain.data.indexed import DataError
+from scaletrain.sim.run_files import read_config_table, read_metrics
+
+__all__ = ["read_metrics", "plot_run", "loss_targets", "read_loss", "draw_loss", "check_writable", "save_figure"]
 
 
-def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
-    """(training lines, evaluation lines) of run_dir/metrics.jsonl; a bad line is a one-line error. Other lines (a
-    checkpoint save's {"step", "checkpoint_s"}) are in neither."""
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        raise DataError(f"{path}: no metrics.jsonl (is {run_dir} a run directory?)")
-    train: list[dict] = []
-    evals: list[dict] = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: not JSON ({exc.msg})") from None
-        if "eval_loss" in record:
-            evals.append(record)
-        elif "loss" in record:
-            train.append(record)
-    return train, evals
+def loss_targets(run_dir: Path) -> list[tuple[Path, list[Path]]]:
+    """(directory that gets a loss.png, the runs drawn in it) for a run directory, or for a benchmark directory:
+    each run_*/ and the directory itself with all of them."""
+    runs = sorted(p for p in run_dir.glob("run_*") if (p / "metrics.jsonl").is_file())
+    if runs:
+        return [(r, [r]) for r in runs] + [(run_dir, runs)]
+    return [(run_dir, [run_dir])]
+
+
+def check_writable(path: Path) -> None:
+    """DataError (one line naming it) when a report cannot write its plot `path`: its directory missing or
+    read-only, or the name taken by something other than a file. Checked for every plot before any is drawn, so
+    that no plot is written when another cannot be."""
+    directory = path.parent
+    if not directory.is_dir():
+        raise DataError(f"{directory}: not a directory; nothing written")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise DataError(
+            f"{directory}: cannot write the report's plots here (read-only); nothing written "
+            "(copy the run directory somewhere writable)"
+        )
+    if os.path.lexists(path) and not path.is_file():
+        raise DataError(f"{path}: cannot write the plot there (not a file); nothing written")
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Save matplotlib figure `fig` as png at `path` through a temporary file and a rename (an older plot stays
+    whole if saving fails); DataError naming the file when it cannot be written."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        fig.savefig(tmp, format="png", dpi=fig.dpi)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"{path}: cannot write ({exc.strerror or exc}); nothing written there") from None
+    return path
 
 
 def plot_run(run_dir: Path) -> list[Path]:
     """Write loss.png into run_dir (and into each run_*/ of a benchmark directory); return the paths."""
-    runs = sorted(p for p in run_dir.glob("run_*") if (p / "metrics.jsonl").is_file())
-    if runs:
-        out = [_plot(r, [r]) for r in runs]
-        out.append(_plot(run_dir, runs))
-        return out
-    return [_plot(run_dir, [run_dir])]
+    return [draw_loss(target, read_loss(runs)) for target, runs in loss_targets(run_dir)]
 
 
-def _plot(target: Path, runs: list[Path]) -> Path:
+def read_loss(runs: list[Path]) -> dict:
+    """What one loss.png draws, every file read and checked: {"curves": [(label, training records, evaluation
+    records)], "target": the first run's train.target_eval_loss or None}."""
+    curves = []
+    for run in runs:
+        train, evals = read_metrics(run)
+        train = [r for r in train if "loss" in r]
+        curves.append((run.name if len(runs) > 1 else "train", train, evals))
+    return {"curves": curves, "target": _target(runs[0])}
+
+
+def _number(value) -> float:
+    """A loss for plotting: null (a non-finite loss, written so in strict JSON) becomes NaN, a gap in the line."""
+    return math.nan if value is None else float(value)
+
+
+def draw_loss(target: Path, data: dict) -> Path:
+    """Draw `read_loss`'s `data` as target/loss.png; returns its path."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for run in runs:
-        train, evals = read_metrics(run)
-        label = run.name if len(runs) > 1 else "train"
-        (line,) = ax.plot(
-            [r["tokens"] for r in train], [r["loss"] for r in train], lw=0.8, alpha=0.7, label=f"{label} loss"
-        )
-        if evals:
-            ax.plot(
-                [r["tokens"] for r in evals],
-                [r["eval_loss"] for r in evals],
-                "o-",
-                color=line.get_color(),
-                label=f"{label} eval",
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
+    try:
+        for label, train, evals in data["curves"]:
+            (line,) = ax.plot(
+                [r["tokens"] for r in train],
+                [_number(r["loss"]) for r in train],
+                lw=0.8,
+                alpha=0.7,
+                label=f"{label} loss",
             )
-    target_loss = _target(runs[0])
-    if target_loss is not None:
-        ax.axhline(target_loss, color="k", ls="--", lw=0.8, label=f"target {target_loss}")
-    ax.set_xlabel("training tokens")
-    ax.set_ylabel("cross-entropy (nats/token)")
-    ax.set_title(str(target))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    path = target / "loss.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+            if evals:
+                ax.plot(
+                    [r["tokens"] for r in evals],
+                    [_number(r["eval_loss"]) for r in evals],
+                    "o-",
+                    color=line.get_color(),
+                    label=f"{label} eval",
+                )
+        if data["target"] is not None:
+            ax.axhline(data["target"], color="k", ls="--", lw=0.8, label=f"target {data['target']}")
+        ax.set_xlabel("training tokens")
+        ax.set_ylabel("cross-entropy (nats/token)")
+        ax.set_title(str(target))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        return save_figure(fig, target / "loss.png")
+    finally:
+        plt.close(fig)
 
 
-def _target(run: Path):
-    cfg = run / "config.json"
-    if cfg.is_file():
-        return json.loads(cfg.read_text()).get("train", {}).get("target_eval_loss")
-    return None
+def _target(run: Path) -> float | None:
+    """train.target_eval_loss of the run's config.json (None without one); DataError naming the file when it is
+    there but not a finite number."""
+    if not (run / "config.json").exists():
+        return None
+    path = run / "config.json"
+    train = read_config_table(run).get("train", {})
+    if not isinstance(train, dict):
+        raise DataError(f"{path}: train={train!r} must be a section (a JSON object)")
+    value = train.get("target_eval_loss")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise DataError(f"{path}: train.target_eval_loss={value!r} must be a finite number")
+    return float(value)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.config import ConfigError
+from scaletrain.config_io import load_json_bounded, loads_bounded
 from scaletrain.diskfull import NO_SPACE_ERRNOS
 from scaletrain.log import get_logger
 
@@ -101,7 +102,7 @@ def truncate_metrics(path: Path, step: int) -> int:
     with open(path, "rb") as f:
         for line in f:
             try:
-                record = json.loads(line) if line.endswith(b"\n") else None
+                record = loads_bounded(line, str(path)) if line.endswith(b"\n") else None
             except ValueError:
                 record = None
             if not isinstance(record, dict) or not isinstance(record.get("step"), int) or record["step"] > step:
@@ -231,7 +232,7 @@ def live_owner(directory: str | Path) -> dict | None:
 
 def _read_owner(fd: int) -> dict:
     try:
-        owner = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        owner = loads_bounded(os.pread(fd, 4096, 0) or b"{}", "lock")
     except (OSError, ValueError):
         return {}
     return owner if isinstance(owner, dict) else {}
@@ -444,7 +445,7 @@ def finished_result(directory: Path) -> dict | None:
     A crashed run (result.json with an "error") is not finished: resuming it continues from its checkpoint.
     """
     try:
-        result = json.loads((Path(directory) / "result.json").read_text())
+        result = load_json_bounded(Path(directory) / "result.json")
     except (OSError, ValueError):
         return None
     if isinstance(result, dict) and result.get("error") is None and result.get("status") in ("success", "aborted"):

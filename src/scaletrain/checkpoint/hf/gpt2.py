@@ -21,7 +21,14 @@ from pathlib import Path
 import torch
 
 from scaletrain.checkpoint.hf.common import (
+    MAX_LAYERS,
+    MAX_POSITIONS,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    check_model_config,
     check_state_shapes,
+    hf_float,
+    hf_int,
     load_tensors,
     publish_hf_dir,
     read_config_json,
@@ -165,27 +172,26 @@ def gpt2_config(path: Path) -> ModelConfig:
     for key, (value, allowed) in problems.items():
         if value not in allowed:
             raise ValueError(f"{cfg_file}: {key}={value!r} is not supported (need {' or '.join(map(repr, allowed))})")
-    try:
-        rows, d = int(hf["vocab_size"]), int(hf["n_embd"])
-        n_layers, n_heads, seq_len = int(hf["n_layer"]), int(hf["n_head"]), int(hf["n_positions"])
-    except KeyError as e:
-        raise ValueError(f"{cfg_file}: missing {e.args[0]!r}") from None
+    rows = hf_int(cfg_file, hf, "vocab_size", 1, MAX_VOCAB)
+    d = hf_int(cfg_file, hf, "n_embd", 1, MAX_WIDTH)
+    n_layers = hf_int(cfg_file, hf, "n_layer", 1, MAX_LAYERS)
+    n_heads = hf_int(cfg_file, hf, "n_head", 1, d)
+    seq_len = hf_int(cfg_file, hf, "n_positions", 1, MAX_POSITIONS)
     if d % n_heads:
         raise ValueError(f"{cfg_file}: n_head={n_heads} does not divide n_embd={d}")
-    vocab = int(hf.get("scaletrain_vocab_size", rows))
-    if not 0 < vocab <= rows:
-        raise ValueError(f"{cfg_file}: scaletrain_vocab_size={vocab} does not fit vocab_size={rows}")
-    return ModelConfig(
+    vocab = hf_int(cfg_file, hf, "scaletrain_vocab_size", 1, rows, default=rows)
+    cfg = ModelConfig(
         n_layers=n_layers,
         d_model=d,
         n_heads=n_heads,
-        d_ff=int(hf.get("n_inner") or 0),
+        d_ff=hf_int(cfg_file, hf, "n_inner", 0, MAX_WIDTH, default=0),
         seq_len=seq_len,
         vocab_size=vocab,
-        vocab_multiple=vocab_multiple_for(vocab, rows, hf.get("scaletrain_vocab_multiple")),
-        ln_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
-        init_std=float(hf.get("initializer_range", ModelConfig.init_std)),
+        vocab_multiple=vocab_multiple_for(vocab, rows, hf_int(cfg_file, hf, "scaletrain_vocab_multiple", 1, rows, 0)),
+        ln_eps=hf_float(cfg_file, hf, "layer_norm_epsilon", 0, 1, default=1e-5, hi_open=True),
+        init_std=hf_float(cfg_file, hf, "initializer_range", 0, 1, default=ModelConfig.init_std),
     )
+    return check_model_config(cfg_file, cfg)
 
 
 def import_gpt2_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:

@@ -24,7 +24,16 @@ import torch
 
 from scaletrain import architectures
 from scaletrain.checkpoint.hf.common import (
+    MAX_LAYERS,
+    MAX_POSITIONS,
+    MAX_ROPE,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    check_model_config,
     check_state_shapes,
+    hf_float,
+    hf_int,
+    hf_section,
     load_tensors,
     publish_hf_dir,
     read_config_json,
@@ -178,27 +187,29 @@ def export_llama_hf(
 
 def _rope(hf: dict, cfg_file) -> Rope:
     """The rotary settings of HF config.json `hf` (5.x rope_parameters, else 4.x rope_theta/rope_scaling); ValueError
-    for a scaling other than none and llama3."""
-    params = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or {}
-    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    naming the file for a scaling other than none and llama3, or a value of the wrong type or range."""
+    params = hf_section(cfg_file, hf, "rope_parameters")
+    scaling = hf_section(cfg_file, hf, "rope_scaling")
+    theta = hf_float(cfg_file, hf, "rope_theta", 1, MAX_ROPE, default=10000.0)
+    theta = hf_float(cfg_file, params, "rope_theta", 1, MAX_ROPE, default=theta, label="rope_parameters.")
     kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
     if kind == "default":
         return Rope(theta)
     if kind != "llama3":
         raise ValueError(f"{cfg_file}: rotary scaling {kind!r} is not supported (only 'llama3')")
-    src = params if params.get("rope_type") == "llama3" else scaling
-    try:
-        return Rope(
-            theta,
-            "llama3",
-            float(src["factor"]),
-            float(src["low_freq_factor"]),
-            float(src["high_freq_factor"]),
-            int(src["original_max_position_embeddings"]),
-        )
-    except KeyError as e:
-        raise ValueError(f"{cfg_file}: llama3 rotary scaling is missing {e.args[0]!r}") from None
+    src, label = (params, "rope_parameters.") if params.get("rope_type") == "llama3" else (scaling, "rope_scaling.")
+    needed = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    missing = [key for key in needed if src.get(key) is None]
+    if missing:
+        raise ValueError(f"{cfg_file}: llama3 rotary scaling is missing {missing[0]!r}")
+    return Rope(
+        theta,
+        "llama3",
+        hf_float(cfg_file, src, "factor", 0, MAX_ROPE, label=label),
+        hf_float(cfg_file, src, "low_freq_factor", 0, MAX_ROPE, label=label),
+        hf_float(cfg_file, src, "high_freq_factor", 0, MAX_ROPE, label=label),
+        hf_int(cfg_file, src, "original_max_position_embeddings", 1, MAX_POSITIONS, label=label),
+    )
 
 
 def _arch_and_rope_fields(hf: dict, rope: Rope) -> dict:
@@ -227,20 +238,20 @@ def llama_config(path: Path) -> ModelConfig:
     """The ModelConfig of a Hugging Face Llama directory from its config.json (no tensors read); ValueError for
     anything our Llama cannot represent exactly."""
     cfg_file, hf = read_config_json(path)
-    try:
-        rows, d, f = int(hf["vocab_size"]), int(hf["hidden_size"]), int(hf["intermediate_size"])
-        n_layers, n_heads = int(hf["num_hidden_layers"]), int(hf["num_attention_heads"])
-    except KeyError as e:
-        raise ValueError(f"{cfg_file}: missing {e.args[0]!r}") from None
-    n_kv = int(hf.get("num_key_value_heads") or n_heads)
+    rows = hf_int(cfg_file, hf, "vocab_size", 1, MAX_VOCAB)
+    d = hf_int(cfg_file, hf, "hidden_size", 1, MAX_WIDTH)
+    f = hf_int(cfg_file, hf, "intermediate_size", 1, MAX_WIDTH)
+    n_layers = hf_int(cfg_file, hf, "num_hidden_layers", 1, MAX_LAYERS)
+    n_heads = hf_int(cfg_file, hf, "num_attention_heads", 1, d)
+    n_kv = hf_int(cfg_file, hf, "num_key_value_heads", 1, n_heads, default=n_heads)
+    head_dim = hf_int(cfg_file, hf, "head_dim", 0, d, default=0) or d // n_heads
     rope = _rope(hf, cfg_file)
     checks = [
         (hf.get("model_type") == "llama", f"model_type={hf.get('model_type')!r} (need 'llama')"),
         (hf.get("hidden_act", "silu") == "silu", f"hidden_act={hf.get('hidden_act')!r} (need 'silu')"),
         (not hf.get("attention_bias") and not hf.get("mlp_bias"), "attention_bias/mlp_bias (need none)"),
-        (math.isfinite(rope.theta) and rope.theta > 1, f"rope_theta={rope.theta} (need a finite base > 1)"),
         (
-            d % n_heads == 0 and int(hf.get("head_dim") or d // n_heads) == d // n_heads,
+            d % n_heads == 0 and head_dim == d // n_heads,
             f"head_dim={hf.get('head_dim')} (need hidden_size/num_attention_heads)",
         ),
         (n_heads % n_kv == 0, f"num_key_value_heads={n_kv} does not divide num_attention_heads={n_heads}"),
@@ -248,7 +259,8 @@ def llama_config(path: Path) -> ModelConfig:
     for ok, what in checks:
         if not ok:
             raise ValueError(f"{cfg_file}: {what} is not supported")
-    vocab = int(hf.get("scaletrain_vocab_size", rows))
+    vocab = hf_int(cfg_file, hf, "scaletrain_vocab_size", 1, rows, default=rows)
+    recorded = hf_int(cfg_file, hf, "scaletrain_vocab_multiple", 1, rows, default=0)
     cfg = ModelConfig(
         **_arch_and_rope_fields(hf, rope),
         n_layers=n_layers,
@@ -256,11 +268,11 @@ def llama_config(path: Path) -> ModelConfig:
         n_heads=n_heads,
         n_kv_heads=n_kv,
         d_ff=f,
-        seq_len=int(hf.get("max_position_embeddings", 2048)),
+        seq_len=hf_int(cfg_file, hf, "max_position_embeddings", 1, MAX_POSITIONS, default=2048),
         vocab_size=vocab,
-        vocab_multiple=vocab_multiple_for(vocab, rows, hf.get("scaletrain_vocab_multiple")),
-        ln_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        init_std=float(hf.get("initializer_range", 0.02)),
+        vocab_multiple=vocab_multiple_for(vocab, rows, recorded),
+        ln_eps=hf_float(cfg_file, hf, "rms_norm_eps", 0, 1, default=1e-6, hi_open=True),
+        init_std=hf_float(cfg_file, hf, "initializer_range", 0, 1, default=0.02),
     )
     factors = (rope.factor, rope.low_freq_factor, rope.high_freq_factor)
     problems = list(architectures.rope_problems(cfg))
@@ -268,7 +280,7 @@ def llama_config(path: Path) -> ModelConfig:
         problems.append(f"llama3 factors {factors} (need finite numbers)")
     if problems:
         raise ValueError(f"{cfg_file}: {problems[0]} is not supported")
-    return cfg
+    return check_model_config(cfg_file, cfg)
 
 
 def import_llama_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:

@@ -14,14 +14,13 @@ need a private planner, so the reads are done here.
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from scaletrain.checkpoint.hf.common import read_config_json
+from scaletrain.checkpoint.hf.common import hf_file, read_config_json, read_weight_map
 from scaletrain.config import ModelConfig
 
 
@@ -138,26 +137,18 @@ def scan_dir(path: Path) -> tuple[Path, dict[str, TensorInfo]]:
     single, index = path / "model.safetensors", path / "model.safetensors.index.json"
     files: dict[Path, set[str]]
     if single.is_file():
-        source, files = single, {single: set()}
+        source, files = single, {hf_file(path, single.name): set()}
     elif index.is_file():
         source = index
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-                raise TypeError
-        except (ValueError, KeyError, TypeError):
-            raise ValueError(f"{index}: not a safetensors index (needs a weight_map of tensor -> file)") from None
         files = {}
-        for name, file in weight_map.items():
-            if Path(file).name != file:  # a shard outside the directory is not this checkpoint's data
-                raise ValueError(f"{index}: shard {file!r} is not a file name in this directory")
-            files.setdefault(path / file, set()).add(name)
+        # A shard outside the directory (a path, `..`, a link out of it) is not this checkpoint's data, and a
+        # FIFO would block its reader: every listed name is checked before any shard is opened.
+        for name, shard in read_weight_map(hf_file(path, index.name)).items():
+            files.setdefault(hf_file(path, shard, index), set()).add(name)
     else:
         raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json")
     tensors: dict[str, TensorInfo] = {}
     for file, listed in files.items():
-        if not file.is_file():
-            raise ValueError(f"{file}: no such file (listed in {source.name})")
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
