@@ -274,7 +274,9 @@ def _load_and_probe(ckpt: str, precious: str) -> dict:
 @pytest.fixture
 def ckpt_copy(saved, tmp_path):
     dst = tmp_path / "ckpt"
-    shutil.copytree(_ckpt(saved), dst)
+    dst.mkdir()
+    for name in (".metadata", "manifest.json"):  # all that read_metadata and plant touch
+        shutil.copy(_ckpt(saved) / name, dst / name)
     precious = tmp_path / "PRECIOUS.txt"
     precious.write_text("keep me")
     return dst, precious
@@ -338,9 +340,88 @@ def test_gadgets_are_live(saved, tmp_path):
 
     for i, case in enumerate(CASES):
         ckpt = tmp_path / f"c{i}"
-        shutil.copytree(_ckpt(saved), ckpt)
+        ckpt.mkdir()
+        for name in (".metadata", "manifest.json"):
+            shutil.copy(_ckpt(saved) / name, ckpt / name)
         plant(ckpt, tmp_path / "PRECIOUS.txt", case)
         assert _in_fork(unguarded, ckpt.name) == {"changed": True}, case
+
+
+# ---------------------------------------------------------------- well-formed, yet not what DCP writes
+def _tail(extra: bytes):
+    """Opcodes run on the finished Metadata (top of the stack) just before STOP."""
+
+    def edit(ckpt):
+        body = bytearray((ckpt / ".metadata").read_bytes())
+        for pos in reversed([p for op, _, p in pickletools.genops(bytes(body)) if op.name == "FRAME"]):
+            del body[pos : pos + 9]
+        (ckpt / ".metadata").write_bytes(bytes(body[:-1]) + extra + pickle.STOP)
+
+    return edit
+
+
+def _objects(change):
+    """Re-pickle the real metadata after `change(md)`: DCP classes only, so find_class alone lets it through."""
+
+    def edit(ckpt):
+        from scaletrain.checkpoint.safe_load import read_metadata
+
+        md = read_metadata(ckpt)
+        change(md)
+        (ckpt / ".metadata").write_bytes(pickle.dumps(md, protocol=4))
+
+    return edit
+
+
+def _first_entry(md):
+    return next(v for v in md.state_dict_metadata.values() if hasattr(v, "chunks"))
+
+
+WELL_FORMED = {
+    # A second BUILD on one object calls the __setstate__ the first one planted in its __dict__.
+    "second_build_calls_planted_setstate": (
+        _tail(_dict((_text("__setstate__"), _stack_global("torch", "Size"))) + pickle.BUILD + _dict() + pickle.BUILD),
+        "sets the state of a torch.distributed.checkpoint.metadata.Metadata a second time",
+    ),
+    "planted_setstate_on_an_entry": (
+        _objects(lambda md: setattr(_first_entry(md), "__setstate__", torch.Size)),
+        "TensorStorageMetadata.__setstate__ is not a field of its class",
+    ),
+    "undeclared_attribute_on_a_chunk": (
+        _objects(lambda md: setattr(_first_entry(md).chunks[0], "offsets_", 0)),
+        "ChunkStorageMetadata.offsets_ is not a field of its class",
+    ),
+    "storage_meta_is_a_path": (
+        _objects(lambda md: setattr(md, "storage_meta", md.storage_meta.checkpoint_id)),
+        "storage_meta is a PosixPath",
+    ),
+    "storage_data_keyed_by_text": (
+        _objects(lambda md: setattr(md, "storage_data", {i.fqn: v for i, v in md.storage_data.items()})),
+        "storage_data is not keyed by MetadataIndex",
+    ),
+    "chunk_offsets_not_sizes": (
+        _objects(lambda md: setattr(_first_entry(md).chunks[0], "offsets", [0, 0])),
+        "has malformed properties or chunks",
+    ),
+    "dtype_is_a_layout": (
+        _objects(lambda md: setattr(_first_entry(md).properties, "dtype", torch.strided)),
+        "has malformed properties or chunks",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(WELL_FORMED))
+def test_well_formed_but_foreign_metadata_is_refused(case, ckpt_copy):
+    """Each of these once passed read_metadata; nothing here can change the process, so no fork is needed."""
+    from scaletrain.checkpoint.safe_load import read_metadata
+
+    ckpt, _ = ckpt_copy
+    edit, needle = WELL_FORMED[case]
+    edit(ckpt)
+    with pytest.raises(CheckpointError) as err:
+        read_metadata(ckpt)
+    msg = str(err.value)
+    assert msg.startswith(f"{ckpt / '.metadata'}: not DCP metadata (") and needle in msg and "\n" not in msg, msg
 
 
 # ---------------------------------------------------------------- through the CLI, each in its own process

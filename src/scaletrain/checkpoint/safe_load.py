@@ -154,9 +154,9 @@ def _dotted(key: object) -> str:
     return ".".join(key) if isinstance(key, tuple) else str(key)
 
 
-def _describe(item: tuple[str, object]) -> str:
+def _describe(item: tuple[Any, ...]) -> str:
     """A model stack entry of _prescan in words."""
-    kind, detail = item
+    kind, detail = item[0], item[1]
     if kind == "global":
         return f"the global {_dotted(detail)}"
     if kind == "instance":
@@ -170,16 +170,19 @@ def _prescan(data: bytes) -> None:
     """Refuse (pickle.UnpicklingError) a pickle that could set state on anything but a fresh DCP metadata object.
 
     Every stack and memo entry is modelled as (kind, detail): ("global", (module, name)), ("instance", (module,
-    name)) for an object this pickle created with NEWOBJ/REDUCE, ("str", text), ("tuple", length), a fresh
-    "dict"/"list"/"set", or a plain "value". Opcodes DCP never writes (INST, OBJ, NEWOBJ_EX, EXT*, PERSID,
-    out-of-band buffers, memo overwrites) are refused outright, so the model cannot drift from the real unpickler.
+    name), where it was created) for an object this pickle created with NEWOBJ, ("str", text), ("tuple", length),
+    a fresh "dict"/"list"/"set", or a plain "value". Each instance is built once (a second BUILD would call a
+    `__setstate__` the first one put in its __dict__). Opcodes DCP never writes (INST, OBJ, NEWOBJ_EX, EXT*,
+    PERSID, out-of-band buffers, memo overwrites) are refused outright, so the model cannot drift from the real
+    unpickler.
     """
     import pickletools
 
-    stack: list[tuple[str, object]] = []
-    memo: dict[int, tuple[str, object]] = {}
+    stack: list[tuple[Any, ...]] = []
+    memo: dict[int, tuple[Any, ...]] = {}
+    built: set[int] = set()
 
-    def pop_mark() -> list[tuple[str, object]]:
+    def pop_mark() -> list[tuple[Any, ...]]:
         for i in range(len(stack) - 1, -1, -1):
             if stack[i] is _MARK:
                 items = stack[i + 1 :]
@@ -187,12 +190,12 @@ def _prescan(data: bytes) -> None:
                 return items
         raise pickle.UnpicklingError("a collection without its MARK")
 
-    def pop() -> tuple[str, object]:
+    def pop() -> tuple[Any, ...]:
         if not stack or stack[-1] is _MARK:
             raise pickle.UnpicklingError("stack underflow")
         return stack.pop()
 
-    def top() -> tuple[str, object]:
+    def top() -> tuple[Any, ...]:
         if not stack or stack[-1] is _MARK:
             raise pickle.UnpicklingError("stack underflow")
         return stack[-1]
@@ -202,7 +205,7 @@ def _prescan(data: bytes) -> None:
             raise pickle.UnpicklingError(f"memo slot {index} written twice")
         memo[index] = top()
 
-    def global_(module: object, name: object) -> tuple[str, object]:
+    def global_(module: object, name: object) -> tuple[Any, ...]:
         if (module, name) not in _ALLOWED:
             raise pickle.UnpicklingError(f"global {module}.{name} is not DCP metadata")
         return ("global", (module, name))
@@ -277,7 +280,7 @@ def _prescan(data: bytes) -> None:
             if name == "NEWOBJ":
                 if func[0] != "global" or func[1] not in _BUILT:
                     raise pickle.UnpicklingError(f"{where} creates {_describe(func)}, not a DCP metadata object")
-                stack.append(("instance", func[1]))
+                stack.append(("instance", func[1], pos))
                 continue
             if func[0] != "global" or func[1] not in _CALLS:
                 raise pickle.UnpicklingError(f"{where} calls {_describe(func)}, which DCP metadata never calls")
@@ -290,6 +293,9 @@ def _prescan(data: bytes) -> None:
             if target[0] != "instance":
                 # The finding this guards: BUILD on a class or function (fetched directly or from the memo).
                 raise pickle.UnpicklingError(f"{where} sets state on {_describe(target)}, not on an object it created")
+            if target[2] in built:
+                raise pickle.UnpicklingError(f"{where} sets the state of a {_dotted(target[1])} a second time")
+            built.add(target[2])
             want = "tuple" if target[1] in _TUPLE_STATE else "dict"
             if state[0] != want:
                 raise pickle.UnpicklingError(
@@ -438,7 +444,13 @@ def _tensor_entry_ok(item) -> bool:
 def read_metadata(directory: Path):
     """DCP Metadata of a checkpoint, unpickled with the restricted unpickler and checked; CheckpointError if not."""
     from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        StorageMeta,
+        TensorStorageMetadata,
+    )
 
     path = Path(directory) / ".metadata"
     try:
@@ -480,7 +492,40 @@ def read_metadata(directory: Path):
             )
         if info.transform_descriptors:  # we never compress; a decoder is code we did not ask for
             raise CheckpointError(f"{path}: not DCP metadata (unexpected transforms {info.transform_descriptors})")
+    if not (md.storage_meta is None or isinstance(md.storage_meta, StorageMeta)):
+        raise CheckpointError(f"{path}: not DCP metadata (storage_meta is a {type(md.storage_meta).__name__})")
+    if not all(isinstance(index, MetadataIndex) for index in md.storage_data):
+        raise CheckpointError(f"{path}: not DCP metadata (storage_data is not keyed by MetadataIndex)")
+    extra = _undeclared(md)
+    if extra:
+        raise CheckpointError(f"{path}: not DCP metadata ({extra} is not a field of its class)")
     return md
+
+
+def _undeclared(md) -> str | None:
+    """The first attribute of a DCP object in `md` that its dataclass does not declare, e.g. "Metadata.x", or None.
+
+    BUILD fills an instance's __dict__ with whatever the pickle says; an undeclared name there could shadow a
+    method of the class for whoever calls it later.
+    """
+    import dataclasses
+
+    objects = [md, *md.storage_data, *md.storage_data.values()]
+    if md.storage_meta is not None:
+        objects.append(md.storage_meta)
+    for item in md.state_dict_metadata.values():
+        objects.append(item)
+        if hasattr(item, "chunks"):
+            objects += [item.properties, *item.chunks]
+    declared: dict[type, set[str]] = {}
+    for obj in objects:
+        cls = type(obj)
+        if cls not in declared:
+            declared[cls] = {f.name for f in dataclasses.fields(obj)}
+        extra = sorted(set(vars(obj)) - declared[cls])
+        if extra:
+            return f"{cls.__name__}.{extra[0]}"
+    return None
 
 
 class VettedReader(FileSystemReader):
