@@ -100,13 +100,8 @@ def _push(original: bytes, module: str, name: str, how: str) -> bytes:
     if how == "global_op":
         return _global_op(module, name)
     if how == "own_memo":  # memoized, dropped, fetched back: a BUILD target that no GLOBAL precedes directly
-        return (
-            _stack_global(module, name)
-            + pickle.LONG_BINPUT
-            + (999_999).to_bytes(4, "little")
-            + pickle.POP
-            + (pickle.LONG_BINGET + (999_999).to_bytes(4, "little"))
-        )
+        slot = sum(op.name == "MEMOIZE" for op, _, _ in pickletools.genops(original)).to_bytes(4, "little")
+        return _stack_global(module, name) + pickle.LONG_BINPUT + slot + pickle.POP + pickle.LONG_BINGET + slot
     if how == "dup":
         return _stack_global(module, name) + pickle.DUP + pickle.POP
     if how == "metadata_memo":  # the metadata's own memoized global, with no global named in the gadget at all
@@ -153,7 +148,7 @@ def _gadget(original: bytes, precious: str, case: str) -> bytes:
 def plant(ckpt, precious, case: str, where: str = "end") -> None:
     """Put gadget `case` into ckpt/.metadata: before its STOP ("end": the metadata still loads) or "alone"."""
     original = (ckpt / ".metadata").read_bytes()
-    gadget = _gadget(original, str(precious), case)
+    gadget = _gadget(original if where == "end" else pickle.PROTO + b"\x04" + pickle.STOP, str(precious), case)
     if where == "alone":
         data = pickle.PROTO + b"\x04" + gadget + pickle.STOP
     else:
@@ -299,6 +294,7 @@ def test_metadata_gadget_is_refused_and_changes_nothing(case, where, ckpt_copy):
     assert got["precious"]
     msg = got["outcome"]
     assert msg.startswith(f"{ckpt / '.metadata'}: not DCP metadata (") and "\n" not in msg, msg
+    assert "BUILD at byte" in msg, msg  # refused by the pre-scan, before anything was unpickled
 
 
 def _load_unscanned(ckpt: str, precious: str) -> dict:
@@ -382,6 +378,11 @@ WELL_FORMED = {
     "second_build_calls_planted_setstate": (
         _tail(_dict((_text("__setstate__"), _stack_global("torch", "Size"))) + pickle.BUILD + _dict() + pickle.BUILD),
         "sets the state of a torch.distributed.checkpoint.metadata.Metadata a second time",
+    ),
+    # Harmless here (8 MiB), but slot 2**32-1 would make the unpickler allocate and clear a 32 GiB memo.
+    "memo_slot_far_away": (
+        _tail(pickle.NONE + pickle.LONG_BINPUT + (1 << 20).to_bytes(4, "little") + pickle.POP),
+        "memo slot 1048576 written out of order",
     ),
     "planted_setstate_on_an_entry": (
         _objects(lambda md: setattr(_first_entry(md), "__setstate__", torch.Size)),

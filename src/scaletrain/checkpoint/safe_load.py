@@ -201,8 +201,10 @@ def _prescan(data: bytes) -> None:
         return stack[-1]
 
     def put(index: int) -> None:
-        if index in memo:  # DCP never reuses a memo slot; a reused one could alias a global with an instance
-            raise pickle.UnpicklingError(f"memo slot {index} written twice")
+        # Pickle numbers memo slots 0, 1, 2, ...: a reused slot could alias a global with an instance, and a far
+        # one makes the unpickler allocate the memo up to it (LONG_BINPUT 2**32-1: tens of GB).
+        if index != len(memo):
+            raise pickle.UnpicklingError(f"memo slot {index} written out of order (next is {len(memo)})")
         memo[index] = top()
 
     def global_(module: object, name: object) -> tuple[Any, ...]:
