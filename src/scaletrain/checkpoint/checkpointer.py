@@ -317,10 +317,71 @@ class Checkpointer:
 
 
 def check_shapes(path: Path, flat: dict, metadata: Metadata, gather: bool) -> None:
-    """The checkpoint holds exactly this model's tensors, with these shapes; one-line CheckpointError if not.
+    """The checkpoint holds exactly this model's tensors, with these shapes, and every entry `flat` expects (model
+    and optimizer alike) as what `flat` holds (entry_problem); one-line CheckpointError if not.
 
     `gather`: this rank holds only part of the model (pipeline stages): compare the union over ranks.
     """
+    _check_model_shapes(path, flat, metadata, gather)
+    problem = entry_problem(path, flat, metadata)
+    if gather and dist.is_initialized() and dist.get_world_size() > 1:
+        # Each rank checks its own entries; every rank must refuse together, or the others wait in DCP forever.
+        found: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(found, problem)
+        problem = next((p for p in found if p), None)
+    if problem:
+        raise CheckpointError(problem)
+
+
+def entry_problem(path: Path, flat: dict, metadata: Metadata) -> str | None:
+    """Why `metadata` cannot fill `flat` exactly, naming `.metadata` and the entry, or None.
+
+    DCP itself would load an entry saved as bytes into a tensor's place by replacing the tensor in the flat dict,
+    so the optimizer keeps its fresh state (no error, a wrong resume); and chunks that do not cover a tensor leave
+    the rest of it as initialised. Every expected key must be present, a tensor where `flat` holds a tensor (same
+    shape, same kind of dtype: precision may change between runs), bytes where it holds anything else.
+    """
+    import math
+
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+
+    where = Path(path) / ".metadata"
+    meta = metadata.state_dict_metadata
+    for key, value in flat.items():
+        holder = "model" if key.startswith("model.") else "optimizer"
+        saved = meta.get(key)
+        if saved is None:
+            return f"{where}: no entry {key!r}, which this {holder} holds (saved by another {holder}, or edited)"
+        if not isinstance(value, torch.Tensor):
+            if not isinstance(saved, BytesStorageMetadata):
+                return f"{where}: entry {key!r} is saved as a tensor, this {holder} holds a {type(value).__name__}"
+            continue
+        have = f"the {list(value.shape)} {str(value.dtype).removeprefix('torch.')} tensor this {holder} holds"
+        if not isinstance(saved, TensorStorageMetadata):
+            return f"{where}: entry {key!r} is saved as bytes, not as {have}"
+        if tuple(saved.size) != tuple(value.shape):
+            return f"{where}: entry {key!r} has shape {list(saved.size)}, not that of {have}"
+        dtype = saved.properties.dtype
+        if (dtype.is_floating_point, dtype.is_complex, dtype == torch.bool) != (
+            value.dtype.is_floating_point,
+            value.dtype.is_complex,
+            value.dtype == torch.bool,
+        ):
+            return f"{where}: entry {key!r} is saved as {dtype}, not as {have}"
+        covered = 0
+        for chunk in saved.chunks:
+            inside = len(chunk.offsets) == len(chunk.sizes) == value.dim() and all(
+                0 <= o and 0 <= n and o + n <= d for o, n, d in zip(chunk.offsets, chunk.sizes, value.shape)
+            )
+            if not inside:
+                return f"{where}: entry {key!r} has a chunk at {list(chunk.offsets)} outside its shape"
+            covered += math.prod(chunk.sizes)
+        if covered != value.numel():
+            return f"{where}: entry {key!r}'s chunks hold {covered} elements, not the {value.numel()} of {have}"
+    return None
+
+
+def _check_model_shapes(path: Path, flat: dict, metadata: Metadata, gather: bool) -> None:
     meta = metadata.state_dict_metadata
     saved = {k for k in meta if k.startswith("model.")}
     have = {k for k in flat if k.startswith("model.")}
@@ -341,6 +402,8 @@ def check_shapes(path: Path, flat: dict, metadata: Metadata, gather: bool) -> No
             continue
         if key not in meta:
             raise CheckpointError(f"{path}: has no tensor {key[6:]!r}; it was saved from another model")
+        if not hasattr(meta[key], "size"):  # saved as bytes: not a config difference, entry_problem names it
+            continue
         saved_shape = tuple(getattr(meta[key], "size", ()))
         if saved_shape != tuple(value.shape):
             raise CheckpointError(

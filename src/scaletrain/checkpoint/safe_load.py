@@ -6,8 +6,14 @@ can rewrite the hashes too. So each file the loader reads is parsed by something
 - `.metadata` (a pickle, DCP's format): an unpickler that resolves nothing but the exact (module, name) pairs DCP
   writes (listed below, found by pickling real metadata of every layout this project saves and listing the
   globals with pickletools). A name is matched whole, so a dotted name such as `os.system` looked up through an
-  allowed module is refused. The vetted object is then handed to DCP through `VettedReader`, so DCP never
-  unpickles the file itself.
+  allowed module is refused. Resolving names is not enough: BUILD on an allowed class or function would setattr
+  on it for the whole process (`PosixPath._str` once made the run lock's release delete a file of the attacker's
+  choosing). So `_prescan` first runs the opcodes on a model stack and refuses state set on anything but a DCP
+  metadata object the pickle itself just created, and any opcode DCP never writes; and after the load every
+  allowed class, function and enum member is compared with a snapshot taken before it (restored and refused if
+  anything changed). The vetted object is then handed to DCP through `VettedReader`, so DCP never unpickles the
+  file itself. Before DCP loads, `checkpointer.entry_problem` checks that every entry the model and optimizer
+  expect is there, as the kind they hold (DCP would silently load bytes beside a tensor it should fill).
 - non-tensor entries inside `__<rank>_<i>.distcp` (the optimizer's param_groups values): DCP's default planner
   would `torch.load(..., weights_only=False)` them; `SafeLoadPlanner` loads them with `weights_only=True`
   (tensors, numbers, strings, containers only). Tensors DCP already reads with `weights_only=True`.
@@ -24,6 +30,7 @@ import json
 import pickle
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
@@ -81,6 +88,332 @@ class _MetadataOnly(pickle.Unpickler):
         raise pickle.UnpicklingError(f"global {module}.{name} is not DCP metadata")
 
 
+# find_class alone is not enough: BUILD on an allowed *global* runs setattr on the class or function itself
+# (PosixPath._str, _get_layout.cache, Metadata.__repr__), changing it for the whole process. So before anything is
+# unpickled, _prescan runs the opcodes on a model stack that only knows what kind of thing each entry is, and
+# allows state to be set only on an instance this pickle has just created of one of these classes:
+_BUILT = frozenset(
+    (_DCP + "metadata", name)
+    for name in (
+        "Metadata",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "MetadataIndex",
+        "StorageMeta",
+    )
+) | {(_DCP + "filesystem", "_StorageInfo")}
+# TensorProperties has its own __setstate__ (a 5-tuple); the others are dataclasses whose state is their __dict__.
+_TUPLE_STATE = frozenset({(_DCP + "metadata", "TensorProperties")})
+# What REDUCE may call, with how many arguments (None: any). Enum lookup returns a shared member and
+# _get_layout a shared layout, so their results are never fresh instances.
+_CALLS = {
+    ("torch", "Size"): 1,
+    ("torch.serialization", "_get_layout"): 1,
+    (_DCP + "metadata", "_MEM_FORMAT_ENCODING"): 1,
+    ("pathlib", "PosixPath"): None,
+    ("pathlib._local", "PosixPath"): None,
+}
+_STRINGS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"})
+_VALUES = frozenset(
+    {
+        "INT",
+        "BININT",
+        "BININT1",
+        "BININT2",
+        "LONG",
+        "LONG1",
+        "LONG4",
+        "FLOAT",
+        "BINFLOAT",
+        "NONE",
+        "NEWTRUE",
+        "NEWFALSE",
+        "STRING",
+        "BINSTRING",
+        "SHORT_BINSTRING",
+        "BINBYTES",
+        "SHORT_BINBYTES",
+        "BINBYTES8",
+        "BYTEARRAY8",
+    }
+)
+_CONTAINER_OPS = {"APPEND": "list", "APPENDS": "list", "SETITEM": "dict", "SETITEMS": "dict", "ADDITEMS": "set"}
+_MARK = ("mark", None)
+
+
+def _slot(arg: object) -> int:
+    """A memo slot number as genops reports it."""
+    if not isinstance(arg, int):
+        raise pickle.UnpicklingError(f"memo slot {arg!r} is not a number")
+    return arg
+
+
+def _dotted(key: object) -> str:
+    return ".".join(key) if isinstance(key, tuple) else str(key)
+
+
+def _describe(item: tuple[Any, ...]) -> str:
+    """A model stack entry of _prescan in words."""
+    kind, detail = item[0], item[1]
+    if kind == "global":
+        return f"the global {_dotted(detail)}"
+    if kind == "instance":
+        return f"a new {_dotted(detail)}"
+    if kind == "value":
+        return "a shared object (a call's result or a constant)"
+    return f"a {kind}"
+
+
+def _prescan(data: bytes) -> None:
+    """Refuse (pickle.UnpicklingError) a pickle that could set state on anything but a fresh DCP metadata object.
+
+    Every stack and memo entry is modelled as (kind, detail): ("global", (module, name)), ("instance", (module,
+    name), where it was created) for an object this pickle created with NEWOBJ, ("str", text), ("tuple", length),
+    a fresh "dict"/"list"/"set", or a plain "value". Each instance is built once (a second BUILD would call a
+    `__setstate__` the first one put in its __dict__). Opcodes DCP never writes (INST, OBJ, NEWOBJ_EX, EXT*,
+    PERSID, out-of-band buffers, memo overwrites) are refused outright, so the model cannot drift from the real
+    unpickler.
+    """
+    import pickletools
+
+    stack: list[tuple[Any, ...]] = []
+    memo: dict[int, tuple[Any, ...]] = {}
+    built: set[int] = set()
+
+    def pop_mark() -> list[tuple[Any, ...]]:
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i] is _MARK:
+                items = stack[i + 1 :]
+                del stack[i:]
+                return items
+        raise pickle.UnpicklingError("a collection without its MARK")
+
+    def pop() -> tuple[Any, ...]:
+        if not stack or stack[-1] is _MARK:
+            raise pickle.UnpicklingError("stack underflow")
+        return stack.pop()
+
+    def top() -> tuple[Any, ...]:
+        if not stack or stack[-1] is _MARK:
+            raise pickle.UnpicklingError("stack underflow")
+        return stack[-1]
+
+    def put(index: int) -> None:
+        # Pickle numbers memo slots 0, 1, 2, ...: a reused slot could alias a global with an instance, and a far
+        # one makes the unpickler allocate the memo up to it (LONG_BINPUT 2**32-1: tens of GB).
+        if index != len(memo):
+            raise pickle.UnpicklingError(f"memo slot {index} written out of order (next is {len(memo)})")
+        memo[index] = top()
+
+    def global_(module: object, name: object) -> tuple[Any, ...]:
+        if (module, name) not in _ALLOWED:
+            raise pickle.UnpicklingError(f"global {module}.{name} is not DCP metadata")
+        return ("global", (module, name))
+
+    for op, arg, pos in pickletools.genops(data):
+        name = op.name
+        where = f"{name} at byte {pos}"
+        if name in ("PROTO", "FRAME"):
+            continue
+        if name == "STOP":
+            pop()
+            if stack:
+                raise pickle.UnpicklingError(f"{where} leaves {len(stack)} objects behind")
+            return
+        if name in _STRINGS:
+            stack.append(("str", arg))
+        elif name in _VALUES:
+            stack.append(("value", None))
+        elif name == "EMPTY_TUPLE":
+            stack.append(("tuple", 0))
+        elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+            for _ in range(int(name[-1])):
+                pop()
+            stack.append(("tuple", int(name[-1])))
+        elif name == "TUPLE":
+            stack.append(("tuple", len(pop_mark())))
+        elif name in ("EMPTY_LIST", "EMPTY_DICT", "EMPTY_SET"):
+            stack.append((name[6:].lower(), None))
+        elif name in ("LIST", "DICT"):
+            pop_mark()
+            stack.append((name.lower(), None))
+        elif name == "FROZENSET":
+            pop_mark()
+            stack.append(("value", None))
+        elif name in _CONTAINER_OPS:
+            if name in ("APPEND", "SETITEM"):
+                for _ in range(1 if name == "APPEND" else 2):
+                    pop()
+            else:
+                pop_mark()
+            # On anything but a container made here, these call __setitem__/append/extend/add of that object.
+            if top()[0] != _CONTAINER_OPS[name]:
+                raise pickle.UnpicklingError(f"{where} targets {_describe(top())}, not a {_CONTAINER_OPS[name]}")
+        elif name == "MARK":
+            stack.append(_MARK)
+        elif name == "POP":
+            pop()
+        elif name == "POP_MARK":
+            pop_mark()
+        elif name == "DUP":
+            stack.append(top())
+        elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            put(_slot(arg))
+        elif name == "MEMOIZE":
+            put(len(memo))
+        elif name in ("GET", "BINGET", "LONG_BINGET"):
+            if _slot(arg) not in memo:
+                raise pickle.UnpicklingError(f"{where} reads memo slot {arg}, never written")
+            stack.append(memo[_slot(arg)])
+        elif name == "GLOBAL":
+            module, _, attr = str(arg).partition(" ")
+            stack.append(global_(module, attr))
+        elif name == "STACK_GLOBAL":
+            name_item, module_item = pop(), pop()
+            if name_item[0] != "str" or module_item[0] != "str":
+                raise pickle.UnpicklingError(f"{where} names a global with a computed name")
+            stack.append(global_(module_item[1], name_item[1]))
+        elif name in ("REDUCE", "NEWOBJ"):
+            args, func = pop(), pop()
+            if args[0] != "tuple":
+                raise pickle.UnpicklingError(f"{where} passes a {args[0]} as arguments")
+            if name == "NEWOBJ":
+                if func[0] != "global" or func[1] not in _BUILT:
+                    raise pickle.UnpicklingError(f"{where} creates {_describe(func)}, not a DCP metadata object")
+                stack.append(("instance", func[1], pos))
+                continue
+            if func[0] != "global" or func[1] not in _CALLS:
+                raise pickle.UnpicklingError(f"{where} calls {_describe(func)}, which DCP metadata never calls")
+            arity = _CALLS[func[1]]
+            if arity is not None and args[1] != arity:
+                raise pickle.UnpicklingError(f"{where} calls {_dotted(func[1])} with {args[1]} arguments, not {arity}")
+            stack.append(("value", None))
+        elif name == "BUILD":
+            state, target = pop(), top()
+            if target[0] != "instance":
+                # The finding this guards: BUILD on a class or function (fetched directly or from the memo).
+                raise pickle.UnpicklingError(f"{where} sets state on {_describe(target)}, not on an object it created")
+            if target[2] in built:
+                raise pickle.UnpicklingError(f"{where} sets the state of a {_dotted(target[1])} a second time")
+            built.add(target[2])
+            want = "tuple" if target[1] in _TUPLE_STATE else "dict"
+            if state[0] != want:
+                raise pickle.UnpicklingError(
+                    f"{where} sets a {_dotted(target[1])} from {_describe(state)}, not a {want}"
+                )
+        else:  # INST, OBJ, NEWOBJ_EX, EXT1/2/4, PERSID, BINPERSID, NEXT_BUFFER, READONLY_BUFFER, anything newer
+            raise pickle.UnpicklingError(f"opcode {where}, which DCP metadata never uses")
+    raise pickle.UnpicklingError("no STOP opcode")
+
+
+# Attributes a BUILD slotstate (or anything else) could set on a class or function without touching its __dict__.
+_SPECIAL = ("__dict__", "__bases__", "__name__", "__qualname__", "__code__", "__defaults__", "__kwdefaults__")
+
+
+def _allowed_objects() -> dict[str, object]:
+    """Every object the unpickler may hand out, plus the mutable state hanging off them, by a printable name."""
+    import importlib
+
+    found: dict[str, object] = {}
+    for module, name in sorted(_ALLOWED):
+        try:
+            found[f"{module}.{name}"] = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):  # pathlib._local before Python 3.13
+            continue
+    enum: Any = found.get(_DCP + "metadata._MEM_FORMAT_ENCODING")
+    for member in list(enum or ()):  # shared singletons: a lookup returns these very objects
+        found[f"{_DCP}metadata.{member}"] = member
+    return found
+
+
+def _state_of(obj: object) -> dict[str, object]:
+    """What of `obj` could be changed from outside: its __dict__ entries and the special attributes it has."""
+    state: dict[str, object] = {}
+    if hasattr(obj, "__dict__"):
+        state.update({f"[{k}]": v for k, v in vars(obj).items()})
+    for attr in _SPECIAL:
+        if attr == "__dict__" and isinstance(obj, type):  # a fresh proxy on every access, and never assignable
+            continue
+        try:
+            state[attr] = object.__getattribute__(obj, attr)
+        except AttributeError:
+            continue
+    return state
+
+
+def _same(before: object, after: object) -> bool:
+    # A C type computes its __name__ anew on every access: equal immutable text is the same state.
+    return before is after or (type(before) is type(after) is str and before == after)
+
+
+def _snapshot() -> dict[str, tuple[object, dict[str, object]]]:
+    """(object, state) of every allowed global, and the contents of torch's layout cache, for _changed."""
+    from torch import serialization
+
+    serialization._get_layout("torch.strided")  # fill the cache now, so that the load itself never changes it
+    snap = {name: (obj, _state_of(obj)) for name, obj in _allowed_objects().items()}
+    cache = serialization._get_layout.cache  # type: ignore[attr-defined]
+    snap["torch.serialization._get_layout.cache"] = (cache, {f"[{k}]": v for k, v in cache.items()})
+    return snap
+
+
+_ABSENT = object()
+
+
+def _now(name: str, obj: object) -> dict[str, object]:
+    if name.endswith("_get_layout.cache"):
+        return {f"[{k}]": v for k, v in obj.items()}  # type: ignore[attr-defined]
+    return _state_of(obj)
+
+
+def _diff(name: str, obj: object, before: dict[str, object]) -> list[str]:
+    after = _now(name, obj)
+    # "__dict__" sorts first: restoring a replaced __dict__ brings back its entries with it.
+    return sorted(k for k in before.keys() | after.keys() if not _same(before.get(k, _ABSENT), after.get(k, _ABSENT)))
+
+
+def _restore(name: str, obj: object, before: dict[str, object], diff: list[str]) -> None:
+    if name.endswith("_get_layout.cache"):
+        obj.clear()  # type: ignore[attr-defined]
+        obj.update({k[1:-1]: v for k, v in before.items()})  # type: ignore[attr-defined]
+        return
+    # type's or object's own setattr: the class's or metaclass's could have been replaced by the attack.
+    base: Any = type if isinstance(obj, type) else object
+    for key in diff:
+        attr = key[1:-1] if key.startswith("[") else key
+        try:
+            if key in before:
+                base.__setattr__(obj, attr, before[key])
+            else:
+                base.__delattr__(obj, attr)
+        except (AttributeError, TypeError):
+            continue  # reported below if it is still different
+
+
+def _changed(snap: dict[str, tuple[object, dict[str, object]]]) -> list[str]:
+    """What differs from `snap` (compared by identity), e.g. "pathlib.PosixPath._str"; each is put back."""
+    changed = []
+    for name, (obj, before) in snap.items():
+        diff = _diff(name, obj, before)
+        if not diff:
+            continue
+        key = diff[0]
+        if name.endswith("_get_layout.cache"):
+            changed.append(f"{name}{key}")
+        else:
+            changed.append(f"{name}.{key[1:-1] if key.startswith('[') else key}")
+        for _ in range(2):  # a second pass for entries a restored __dict__ did not bring back
+            _restore(name, obj, before, diff)
+            diff = _diff(name, obj, before)
+            if not diff:
+                break
+        else:
+            changed[-1] += " (could not be restored)"
+    return changed
+
+
 def _reason(exc: BaseException) -> str:
     """One line out of an exception (torch's weights_only refusal is a paragraph; its line that matters is kept)."""
     text = str(exc)
@@ -94,18 +427,49 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
+def _tensor_entry_ok(item) -> bool:
+    """Whether a TensorStorageMetadata holds what the loaders read from it: a dtype and chunks of whole numbers."""
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorProperties
+
+    def dims(size) -> bool:
+        return isinstance(size, torch.Size) and all(_is_int(n) for n in size)
+
+    return (
+        isinstance(item.properties, TensorProperties)
+        and isinstance(item.properties.dtype, torch.dtype)
+        and dims(item.size)
+        and isinstance(item.chunks, list)
+        and all(isinstance(c, ChunkStorageMetadata) and dims(c.offsets) and dims(c.sizes) for c in item.chunks)
+    )
+
+
 def read_metadata(directory: Path):
     """DCP Metadata of a checkpoint, unpickled with the restricted unpickler and checked; CheckpointError if not."""
     from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        StorageMeta,
+        TensorStorageMetadata,
+    )
 
     path = Path(directory) / ".metadata"
     try:
-        md = _MetadataOnly(io.BytesIO(path.read_bytes())).load()
+        data = path.read_bytes()
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing") from None
+    snap = _snapshot()
+    try:
+        _prescan(data)
+        md = _MetadataOnly(io.BytesIO(data)).load()
     except Exception as exc:  # any unpickling failure means the file is not ours
         raise CheckpointError(f"{path}: not DCP metadata ({_reason(exc)})") from None
+    finally:
+        # Belt and braces behind _prescan: whatever the load did to an allowed class or function is undone here.
+        changed = _changed(snap)
+    if changed:
+        raise CheckpointError(f"{path}: not DCP metadata (loading it changed {changed[0]}; restored)")
     if (
         not isinstance(md, Metadata)
         or not isinstance(md.state_dict_metadata, dict)
@@ -116,6 +480,8 @@ def read_metadata(directory: Path):
         tensor = isinstance(item, TensorStorageMetadata) and isinstance(item.size, torch.Size)
         if not isinstance(key, str) or not (tensor or isinstance(item, BytesStorageMetadata)):
             raise CheckpointError(f"{path}: not DCP metadata (entry {key!r} is a {type(item).__name__})")
+        if tensor and not _tensor_entry_ok(item):
+            raise CheckpointError(f"{path}: not DCP metadata (entry {key!r} has malformed properties or chunks)")
     for info in md.storage_data.values():
         if (
             not isinstance(info, _StorageInfo)
@@ -128,7 +494,40 @@ def read_metadata(directory: Path):
             )
         if info.transform_descriptors:  # we never compress; a decoder is code we did not ask for
             raise CheckpointError(f"{path}: not DCP metadata (unexpected transforms {info.transform_descriptors})")
+    if not (md.storage_meta is None or isinstance(md.storage_meta, StorageMeta)):
+        raise CheckpointError(f"{path}: not DCP metadata (storage_meta is a {type(md.storage_meta).__name__})")
+    if not all(isinstance(index, MetadataIndex) for index in md.storage_data):
+        raise CheckpointError(f"{path}: not DCP metadata (storage_data is not keyed by MetadataIndex)")
+    extra = _undeclared(md)
+    if extra:
+        raise CheckpointError(f"{path}: not DCP metadata ({extra} is not a field of its class)")
     return md
+
+
+def _undeclared(md) -> str | None:
+    """The first attribute of a DCP object in `md` that its dataclass does not declare, e.g. "Metadata.x", or None.
+
+    BUILD fills an instance's __dict__ with whatever the pickle says; an undeclared name there could shadow a
+    method of the class for whoever calls it later.
+    """
+    import dataclasses
+
+    objects = [md, *md.storage_data, *md.storage_data.values()]
+    if md.storage_meta is not None:
+        objects.append(md.storage_meta)
+    for item in md.state_dict_metadata.values():
+        objects.append(item)
+        if hasattr(item, "chunks"):
+            objects += [item.properties, *item.chunks]
+    declared: dict[type, set[str]] = {}
+    for obj in objects:
+        cls = type(obj)
+        if cls not in declared:
+            declared[cls] = {f.name for f in dataclasses.fields(obj)}
+        extra = sorted(set(vars(obj)) - declared[cls])
+        if extra:
+            return f"{cls.__name__}.{extra[0]}"
+    return None
 
 
 class VettedReader(FileSystemReader):
