@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from scaletrain.config_io import read_text_file
 from scaletrain.sim import calibrate as cal
 from scaletrain.sim.efficiency import efficiency_for
 
@@ -27,7 +28,13 @@ def calibrate_layer_timings(args, cat) -> dict:
     overhead) -> the efficiency set "measured/<generation>"."""
     from scaletrain.sim.efficiency import GENERATION
 
-    doc = json.loads(Path(args.layer_timings).read_text())
+    where = f"--layer-timings {args.layer_timings}"
+    try:
+        doc = json.loads(read_text_file(args.layer_timings, where, error=ValueError))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{where}: a JSON object (benchmarks/gpu_mfu.py's), got {type(doc).__name__}")
     key = args.gpu or doc.get("layer_timings", doc).get("gpu")
     base = efficiency_for(args.calibration, cat.gpu(key).key)[1] if key else None
     fit = cal.fit_layer_timings(doc, cat, args.gpu, base)
