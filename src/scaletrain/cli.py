@@ -14,6 +14,7 @@ from pathlib import Path
 
 from scaletrain import benchmarks, config_io
 from scaletrain.config import Config, ConfigError, describe, list_presets, resolve
+from scaletrain.config_bounds import DEGREE_MAX, RUNS_MAX, SEED_MAX, int_flag
 from scaletrain.log import get_logger, setup_logging
 
 log = get_logger(__name__)
@@ -86,7 +87,9 @@ def _dry_run(cfg, args) -> int:
     from scaletrain.train.distributed import launched_world_size
     from scaletrain.train.run import print_dry_run
 
-    result = dry_run(cfg, args.world_size or launched_world_size(), args.gpu)
+    # None, not 0, means "not given": 0 is refused by the flag's type instead of read as the default.
+    world_size = args.world_size if args.world_size is not None else launched_world_size()
+    result = dry_run(cfg, world_size, args.gpu)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -105,10 +108,16 @@ def cmd_bench(args) -> int:
         if args.preset == DEFAULT_PRESET:  # `bench --benchmark NAME` without --preset runs that benchmark's preset
             args.preset = benchmarks.preset_for(args.benchmark)
         args.overrides = [f"bench.benchmark={args.benchmark}", *args.overrides]
+    if args.runs is not None:  # last, so it wins over --set bench.runs, and is validated with the rest
+        args.overrides = [*args.overrides, f"bench.runs={args.runs}"]
     cfg = _config(args)
     _apply_resume(cfg, args)
-    if args.runs:
-        cfg.bench.runs = args.runs
+    last_seed = cfg.train.seed + 1000 * (cfg.bench.runs - 1)  # harness.derive_seeds: base + 1000*i
+    if last_seed > SEED_MAX:
+        raise ConfigError(
+            f"train.seed={cfg.train.seed} with bench.runs={cfg.bench.runs}: the runs' seeds (seed + 1000*i) reach "
+            f"{last_seed}, beyond {SEED_MAX}; lower train.seed"
+        )
     name = cfg.bench.benchmark
     if benchmarks.is_proxy(name) and benchmarks.get(name).proxy_needs_base and not cfg.checkpoint.init_from:
         from scaletrain.bench.proxy_base import ensure_proxy_base
@@ -212,9 +221,19 @@ def _add_bench_check_parser(bench: argparse.ArgumentParser) -> None:
     c.set_defaults(func=cmd_bench_check)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's error form: one line on stderr, exit status 2 (no usage block: --help has it).
+
+    Sub-parsers are built from the parent's class, so every subcommand gets it.
+    """
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `scaletrain` argument parser (every subcommand has --help)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="scaletrain",
         description="Train GPT-3/Llama-style models, benchmark them the MLPerf Training way, and predict time-to-train on GPU clusters.",
     )
@@ -240,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="validate the parallel layout on a fake process group and estimate memory per GPU; no training",
     )
-    p.add_argument("--world-size", type=int, default=0, help="ranks for --dry-run (default: $WORLD_SIZE or 1)")
+    p.add_argument("--world-size", type=int_flag(1, DEGREE_MAX), help="ranks for --dry-run (default: $WORLD_SIZE or 1)")
     p.add_argument(
         "--gpu",
         default="h100",
@@ -254,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="MLPerf-style benchmark: N runs, checked logs, olympic score", description=cmd_bench.__doc__
     )
     _add_config_args(p)
-    p.add_argument("--runs", type=int, default=0, help="number of runs (default: bench.runs)")
+    p.add_argument("--runs", type=int_flag(1, RUNS_MAX), help="number of runs (default: bench.runs)")
     p.add_argument(
         "--benchmark",
         help=f"{benchmarks.choices_text(benchmarks.names())}; without --preset it also picks that benchmark's preset",
@@ -377,6 +396,16 @@ def _leave_process_group(clean: bool) -> bool:
 
 
 def _run(args) -> int:
+    if args.command in ("train", "bench", "predict", "plan", "sim"):
+        # Every one of these prices with $SCALETRAIN_EFFICIENCY; a train run would otherwise only note the bad
+        # path inside prediction.json and go on with the shipped sets.
+        from scaletrain.sim.efficiency import user_efficiencies
+
+        try:
+            user_efficiencies()
+        except ValueError as exc:
+            log.error(str(exc))
+            return 2
     if args.command in ("predict", "plan", "sim"):
         return _run_sim(args)
     from scaletrain.checkpoint.store import CheckpointError

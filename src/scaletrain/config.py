@@ -19,6 +19,7 @@ from typing import Any
 
 from scaletrain import benchmarks
 from scaletrain import config_io as _io
+from scaletrain.config_bounds import available_cores, bound_problems, threads_problem
 from scaletrain.config_io import ConfigError, list_presets, parse_override, preset_dict
 from scaletrain.config_model import MLAConfig, ModelConfig, MoEConfig, model_problems
 
@@ -413,6 +414,8 @@ def _problems(c: Config):
         yield f"checkpoint.verify={k.verify!r}: must be 'sha256' or 'size'"
     if p.activation_checkpoint not in ("none", "full", "selective"):
         yield f"parallel.activation_checkpoint={p.activation_checkpoint!r}: must be 'none', 'full' or 'selective'"
+    # Last: the finer checks above name a wrong value more precisely where both apply.
+    yield from bound_problems(c)
 
 
 def parse_step_range(text: str) -> tuple[int, int] | None:
@@ -464,22 +467,43 @@ PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
 
 def resolve(
-    preset: str = "gpt3-proxy", config_file: str | None = None, overrides: list[str] | tuple[str, ...] = ()
+    preset: str = "gpt3-proxy",
+    config_file: str | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    host: bool = True,
 ) -> Config:
     """Build the one Config of a run: preset, then a file (TOML, or a run's config.json), then --set overrides,
-    then validate."""
+    then validate.
+
+    `host`: the config is for a run on this machine, so train.threads is checked against its cores too; the
+    simulator, which prices a config for other machines, passes False.
+    """
     cfg = Config(preset=preset)
     if preset:
         _io.merge(cfg, preset_dict(preset), f"preset {preset}")
+    preset_threads = cfg.train.threads
     if config_file:
         path = Path(config_file)
-        if not path.is_file():
-            raise ConfigError(f"--config {config_file}: no such file")
-        _io.merge(cfg, _io.load_config_file(path.read_text(), str(path)), str(path))
+        text = _io.read_text_file(path, f"--config {config_file}")
+        _io.merge(cfg, _io.load_config_file(text, str(path)), str(path))
     for text in overrides:
         key, value = parse_override(text)
         _io.merge(cfg, _io.nest(key, value), f"--set {text}")
+    if host:  # first: a huge thread count is better refused with the cores it should not exceed
+        _check_threads(cfg, preset_threads)
     return _check_wandb(cfg.validate())
+
+
+def _check_threads(cfg: Config, preset_threads: int) -> None:
+    # Thousands of threads make torch start that many OpenMP workers: fork fails machine-wide, then the run dies.
+    problem = threads_problem(cfg.train.threads)
+    if problem is None:
+        return
+    if cfg.train.threads == preset_threads:
+        # The CPU presets' 2 threads were not the user's choice: on a 1-core host they become 1, not an error.
+        cfg.train.threads = available_cores()
+        return
+    raise ConfigError(problem)
 
 
 def from_dict(table: dict[str, Any]) -> Config:

@@ -38,12 +38,52 @@ def list_presets() -> list[str]:
     return sorted(p.name[:-5] for p in files if p.name.endswith(".toml"))
 
 
+TEXT_FILE_MAX = 16 * 2**20
+"""Largest config or catalog file read: such files are a few kB; a bigger one is the wrong file."""
+
+
+def read_text_file(path: str | os.PathLike, what: str, error: type[ValueError] = ConfigError) -> str:
+    """The UTF-8 text of a small config-like file; `error` (ConfigError) with one line naming `what` (e.g.
+    "--config FILE") when it is missing, not a regular file, unreadable, too large, binary or empty.
+
+    A FIFO or device would block or never end, so only regular files are opened.
+    """
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise error(f"{what}: no such file") from None
+    except OSError as exc:
+        raise error(f"{what}: cannot read it ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise error(f"{what}: is a directory, not a file")
+    if not stat.S_ISREG(info.st_mode):
+        raise error(f"{what}: not a regular file")
+    if info.st_size > TEXT_FILE_MAX:
+        raise error(f"{what}: {info.st_size} bytes, more than the {TEXT_FILE_MAX} a config file may have")
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(TEXT_FILE_MAX + 1)
+    except OSError as exc:
+        raise error(f"{what}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{what}: not a UTF-8 text file (byte {exc.start} is 0x{data[exc.start]:02x})") from None
+    if "\x00" in text:
+        raise error(f"{what}: not a text file (it holds NUL bytes)")
+    if not text.strip():
+        raise error(f"{what}: the file is empty")
+    return text
+
+
 def load_toml(text: str, where: str) -> dict[str, Any]:
     """The table of TOML `text`; ConfigError naming `where` when it does not parse."""
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise ConfigError(f"{where}: not valid TOML: nested too deeply") from None
 
 
 def load_config_file(text: str, where: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ LAYERS: dict[str, float] = {
     "benchmarks": 0,
     "architectures": 0,
     "config_io": 0,
+    "config_bounds": 0.1,
     "config_model": 0.25,
     "config": 0.5,
     "presets": 0.5,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from scaletrain.config_bounds import SEQ_MAX, int_flag
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add `data fetch` and `data prepare` to the top-level subcommands."""
@@ -12,7 +14,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     dsub = p.add_subparsers(dest="data_command", required=True)
     f = dsub.add_parser("fetch", help="fetch and prepare the default corpus", description=cmd_data_fetch.__doc__)
     f.add_argument("--data-dir", help="where to put it (default $SCALETRAIN_DATA or ~/.cache/scaletrain)")
-    f.add_argument("--vocab-size", type=int, default=8192, help="tokenizer vocabulary (default 8192)")
+    f.add_argument("--vocab-size", type=int_flag(1, SEQ_MAX), default=8192, help="tokenizer vocabulary (default 8192)")
     f.add_argument("--excerpt", action="store_true", help="use the small excerpt shipped in the package (offline)")
     f.add_argument(
         "--corpus",
@@ -28,7 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--out", required=True, help="output prefix (writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json)")
     f.add_argument("--tokenizer", help="SentencePiece .model or HF tokenizer.json; without it one is trained")
     f.add_argument("--bpe", action="store_true", help="train a byte-level BPE tokenizer.json, not SentencePiece")
-    f.add_argument("--vocab-size", type=int, default=8192, help="vocabulary when training a tokenizer")
+    f.add_argument("--vocab-size", type=int_flag(1, SEQ_MAX), default=8192, help="vocabulary when training a tokenizer")
     f.add_argument(
         "--sft",
         action="store_true",

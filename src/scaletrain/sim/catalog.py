@@ -13,7 +13,8 @@ import os
 import sys
 from dataclasses import MISSING, dataclass, field, fields
 from importlib import resources
-from pathlib import Path
+
+from scaletrain.config_io import read_text_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -206,6 +207,8 @@ def _merge_file(cat: Catalog, text: str, where: str, nested: str | None) -> None
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise CatalogError(f"{where}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise CatalogError(f"{where}: not valid TOML: nested too deeply") from None
     tables = {nested: data} if nested else data
     for kind, entries in tables.items():
         if kind not in _KINDS:
@@ -226,10 +229,7 @@ def load_catalog(extra: list[str] | tuple[str, ...] = ()) -> Catalog:
         _merge_file(cat, (root / f"{kind}.toml").read_text(), f"hardware/{kind}.toml", kind)
     env = [p for p in os.environ.get("SCALETRAIN_CATALOG", "").split(os.pathsep) if p]
     for path in [*env, *extra]:
-        p = Path(path)
-        if not p.is_file():
-            raise CatalogError(f"catalog file {path}: no such file")
-        _merge_file(cat, p.read_text(), str(p), None)
+        _merge_file(cat, read_text_file(path, f"catalog file {path}", error=CatalogError), str(path), None)
     for node in cat.nodes.values():
         where = cat.origin.get(("nodes", node.key), "catalog")
         if node.gpu not in cat.gpus:

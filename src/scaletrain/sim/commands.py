@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from scaletrain import benchmarks
+from scaletrain.config_bounds import DEGREE_MAX, TOP_MAX, float_flag, int_flag
 from scaletrain.log import get_logger
 from scaletrain.sim import calibrate as cal
 from scaletrain.sim.calibrate_modes import calibrate_from_runs, calibrate_layer_timings
@@ -24,11 +25,16 @@ from scaletrain.sim.workload import ClusterLayout, load_config, load_workload
 
 log = get_logger(__name__)
 
+GBS_MAX = 2**17
+"""Largest --gbs the simulator takes: 8x DeepSeek-V3's 15,360 sequences, the largest published. `plan` event-simulates
+its best layouts, and at a larger batch those can hold millions of micro-batches, each simulated (minutes)."""
+
 
 def _layout(args) -> ClusterLayout:
     spec = benchmarks.for_model(args.model)
-    gbs = args.gbs or (spec.default_gbs if spec else 0)
-    if not gbs:
+    # None is "not given"; --gbs 0 never gets here (its flag type refuses it) to be read as the default.
+    gbs = args.gbs if args.gbs is not None else (spec.default_gbs if spec else None)
+    if gbs is None:
         raise ValueError("--gbs is required for models that are not an MLPerf benchmark")
     return ClusterLayout(
         gpus=args.gpus,
@@ -48,18 +54,6 @@ def _layout(args) -> ClusterLayout:
         ep=args.ep,
         moe_imbalance=args.moe_imbalance,
     )
-
-
-def _positive_int(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
 
 
 def _fmt_min(x) -> str:
@@ -177,16 +171,19 @@ def _results(paths: list[str]):
 
     rows, errors = [], []
     for path in paths:
-        if not Path(path).is_file():
+        if not Path(path).exists():
             errors.append((path, "no such file"))
             continue
         try:
-            rep = load_results(path)
+            rep = load_results(Path(path))
         except ResultsError as exc:
             errors.append((path, str(exc)))
             continue
         rows += [replace(r, file=path) for r in rep.rows]
         errors += [(f"{path} line {line}", why) for line, why in rep.errors]
+    if not rows:  # nothing to score or fit is bad input, not an empty table
+        where, why = errors[0] if errors else (", ".join(paths), "no rows")
+        raise ValueError(f"{where}: {why}" if not why.startswith(where) else why)
     return rows, errors
 
 
@@ -338,14 +335,21 @@ def add_parsers(sub) -> None:
             default="h100",
             help="a100, h100, h200, b200, b300, gb200, gb300, mi300x, mi325x, mi350x, mi355x or a catalog key",
         )
-        p.add_argument("--gpus", "--world-size", dest="gpus", type=int, required=True, help="number of GPUs (= ranks)")
+        p.add_argument(
+            "--gpus",
+            "--world-size",
+            dest="gpus",
+            type=int_flag(1, DEGREE_MAX),
+            required=True,
+            help="number of GPUs (= ranks)",
+        )
         p.add_argument("--node", help="node type (hgx-h100, nd-h200-v5, gb200-nvl72, hgx-b300, mi355x-oam, ...)")
         p.add_argument("--fabric", help="scale-out fabric (ib-ndr, ib-ndr-sharp, ib-xdr, ib-hdr, roce, roce-800)")
         p.add_argument(
             "--calibration", help="fitted efficiency set: v3.0, v3.1, v4.0, v4.1, v5.0, v5.1 (default newest), measured"
         )
         p.add_argument("--catalog", action="append", default=[], metavar="TOML", help="extra hardware catalog file")
-        p.add_argument("--gbs", type=int, default=0, help="global batch size (sequences)")
+        p.add_argument("--gbs", type=int_flag(1, GBS_MAX), help="global batch size (sequences)")
         p.add_argument(
             "--fp4",
             action="store_true",
@@ -353,11 +357,22 @@ def add_parsers(sub) -> None:
         )
         p.add_argument("--json", action="store_true", help="print JSON")
         p.add_argument(
-            "--moe-imbalance", type=float, default=1.0, help="MoE: busiest expert rank's tokens over the mean (>= 1)"
+            "--moe-imbalance",
+            type=float_flag(1.0, float(DEGREE_MAX)),
+            default=1.0,
+            help="MoE: busiest expert rank's tokens over the mean (>= 1)",
         )
         if layout:
-            for name, default in (("tp", 1), ("pp", 1), ("vp", 1), ("cp", 1), ("ep", 1), ("mbs", 1)):
-                p.add_argument(f"--{name}", type=int, default=default, help=f"{name} degree (default {default})")
+            for name, default in (("tp", 1), ("pp", 1), ("vp", 1), ("cp", 1), ("ep", 1)):
+                p.add_argument(
+                    f"--{name}",
+                    type=int_flag(1, DEGREE_MAX),
+                    default=default,
+                    help=f"{name} degree (default {default})",
+                )
+            p.add_argument(
+                "--mbs", type=int_flag(1, GBS_MAX), default=1, help="micro-batch size in sequences (default 1)"
+            )
             p.add_argument("--fp8", action="store_true", help="FP8 GEMMs")
             p.add_argument("--no-sp", action="store_true", help="no sequence parallelism with TP")
             p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
@@ -394,7 +409,9 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=cmd_predict)
     p = sub.add_parser("plan", help="search parallel layouts for a cluster", description=cmd_plan.__doc__)
     common(p, False)
-    p.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
+    p.add_argument(
+        "--top", type=int_flag(1, TOP_MAX), default=5, help=f"layouts to show (default 5, at most {TOP_MAX})"
+    )
     p.add_argument(
         "--as-trained",
         action="store_true",
@@ -424,14 +441,14 @@ def add_parsers(sub) -> None:
     )
     v.add_argument(
         "--cv-threshold",
-        type=_positive_int,
+        type=int_flag(1, DEGREE_MAX),
         metavar="N",
         help="--cv scale: GPU count from which rows are scored (default, per benchmark: the median of its distinct "
         "GPU counts, the upper of the middle two when even)",
     )
     v.add_argument(
         "--jobs",
-        type=_positive_int,
+        type=int_flag(1, 1024),
         default=None,
         help="--cv loo: refits run at a time in separate processes (default: the CPUs available)",
     )

@@ -7,9 +7,15 @@ scalars absorb what a framework release does with them (docs/perf-model.md: "sof
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, fields, replace
 from importlib import resources
+
+from scaletrain.config_io import read_text_file
+
+EFFICIENCY_ENV = "SCALETRAIN_EFFICIENCY"
+"""Environment variable naming an efficiency file (`sim calibrate --out`) whose sets win over the shipped ones."""
 
 
 @dataclass(frozen=True)
@@ -72,18 +78,52 @@ def load_efficiencies() -> dict:
     """
     path = resources.files("scaletrain.sim") / "data" / "efficiency.json"
     doc = json.loads(path.read_text()) if path.is_file() else {"sets": {}}
-    user = os.environ.get("SCALETRAIN_EFFICIENCY", "")
-    if user and os.path.isfile(user):
-        try:
-            extra = json.loads(open(user).read())
-            doc["sets"].update(extra.get("sets", {}))
-            doc.setdefault("gemm_classes", {}).update(extra.get("gemm_classes", {}))
-            for section in ("sku_gemm", "benchmarks"):
-                if section in extra:
-                    doc[section] = extra[section]
-        except (ValueError, AttributeError) as exc:
-            raise ValueError(f"$SCALETRAIN_EFFICIENCY={user}: not an efficiency file ({exc})") from None
+    extra = user_efficiencies()
+    if extra:
+        doc["sets"].update(extra.get("sets", {}))
+        doc.setdefault("gemm_classes", {}).update(extra.get("gemm_classes", {}))
+        for section in ("sku_gemm", "benchmarks"):
+            if section in extra:
+                doc[section] = extra[section]
     return doc
+
+
+def user_efficiencies() -> dict | None:
+    """The efficiency file $SCALETRAIN_EFFICIENCY names, or None when the variable is unset or empty.
+
+    A set variable that names no readable efficiency file is a ValueError naming the variable and the path: a
+    mistyped path silently pricing with the shipped sets instead would be a wrong answer nobody sees.
+    """
+    user = os.environ.get(EFFICIENCY_ENV, "")
+    if not user:
+        return None
+    where = f"${EFFICIENCY_ENV}={user}"
+    text = read_text_file(user, where, error=ValueError)
+    try:
+        extra = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"{where}: not an efficiency file (not valid JSON: {exc})") from None
+    problem = _efficiency_file_problem(extra)
+    if problem:
+        raise ValueError(f"{where}: not an efficiency file ({problem})")
+    return extra
+
+
+def _efficiency_file_problem(doc) -> str | None:
+    if not isinstance(doc, dict):
+        return f"a JSON object of sections, got {type(doc).__name__}"
+    for section in ("sets", "gemm_classes", "sku_gemm", "benchmarks"):
+        if not isinstance(doc.get(section, {}), dict):
+            return f"{section!r} must be an object"
+    if "sets" not in doc:
+        return "no 'sets' section (what `scaletrain sim calibrate --out` writes)"
+    for name, values in {**doc.get("sets", {}), **doc.get("benchmarks", {})}.items():
+        if not isinstance(values, dict):
+            return f"{name!r} must be an object of scalars"
+        for key, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                return f"{name}.{key}={value!r} is not a finite number"
+    return None
 
 
 # GPU -> architecture generation: software efficiency is fitted per release and generation.

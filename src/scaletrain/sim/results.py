@@ -294,10 +294,14 @@ def _read_source(path_or_text) -> tuple[str, str]:
         and (os.path.exists(path_or_text) or "," not in path_or_text)
     ):
         path = Path(path_or_text)
+        if path.exists() and not path.is_file():  # a directory fails to open; a FIFO would block
+            raise ResultsError(f"{path}: cannot read (not a regular file)")
         try:
             return str(path), path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ResultsError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        except UnicodeDecodeError as exc:
+            raise ResultsError(f"{path}: cannot read (not a UTF-8 text file: byte {exc.start})") from None
     if isinstance(path_or_text, str):
         return "<text>", path_or_text
     raise TypeError(f"load_results wants a path or CSV text, got {type(path_or_text).__name__}")

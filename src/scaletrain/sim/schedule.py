@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from typing import cast
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+MAX_FORWARD_OPS = 2**20
+"""Most forward ops (micro-batches x p x v) one simulation takes: time and memory grow with them (~5 s and 300 MB
+at this many), and MLPerf's largest layouts need under 2**20 (GBS 8192 over 98 virtual stages, d = 1)."""
 
 
 @dataclass
@@ -43,6 +46,11 @@ def _check(schedule: str, p: int, m: int, v: int) -> None:
     for name, val in (("p", p), ("m", m), ("v", v)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
             raise ValueError(f"{name} must be a positive integer, got {val!r}")
+    if m * p * v > MAX_FORWARD_OPS:
+        raise ValueError(
+            f"{m} micro-batches x p={p} x v={v} = {m * p * v} forward ops per step: more than the pipeline "
+            f"simulation's {MAX_FORWARD_OPS}; use a smaller global batch or a larger micro-batch"
+        )
     if schedule != "interleaved_1f1b" and v != 1:
         raise ValueError(f"schedule {schedule!r} has one chunk per rank: v must be 1, got v={v}")
     if p > 1 and m < p:

@@ -132,7 +132,8 @@ def load_config(model: str, overrides: tuple[str, ...] = (), config_file: str | 
     alias = benchmarks.BENCHMARKS.get(model)  # a benchmark name means its reference preset
     preset = alias.reference_preset if alias else model
     try:
-        return resolve(preset, config_file, overrides=list(overrides))
+        # host=False: a priced config runs on the cluster it names, not on this machine's cores.
+        return resolve(preset, config_file, overrides=list(overrides), host=False)
     except ConfigError as exc:
         raise ConfigError(f"--model {model}: {exc}") from None
 

@@ -87,8 +87,8 @@ class Trainer:
         self.device = resolve_device(cfg.train.device)
         self.rank, self.world_size = init_distributed(self.device)
         self.layout = Layout.from_config(cfg, self.world_size)  # raises before any work with every problem
-        if self.device.type == "cpu":
-            check_host_memory(cfg, self.layout)  # a model that cannot fit fails here, not in the allocator
+        # A model (on CPU) or a step's batches that cannot fit fail here, not in the allocator.
+        check_host_memory(cfg, self.layout, self.device.type)
         self.accum = self.global_batch_size // self.layout.dp // self.micro_batch_size
         self.data = datasets if datasets is not None else load_datasets(cfg, self.seed)
         self.eval_tokens = int(self.data.valid.num_label_tokens)

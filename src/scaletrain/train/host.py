@@ -86,25 +86,43 @@ def training_state_bytes(cfg, shards: int = 1) -> int:
     return total // max(1, shards)
 
 
-def check_host_memory(cfg, layout) -> None:
-    """Refuse, before anything is allocated, a CPU run whose training state cannot fit in this machine's memory.
+def batch_bytes(cfg, dp: int) -> int:
+    """Host memory one rank's token batches of a step take: its GBS / dp sequences of int64 inputs and labels.
 
-    Without it the model build ends in an allocator traceback or the OOM killer. Activations are not counted,
-    so a run refused here could never have fit. Raises ConfigError (exit 2) with the estimate.
+    The loader and the warm-up hold a whole step's micro-batches at once, on the host whatever the device."""
+    return 16 * (cfg.train.global_batch_size // max(1, dp)) * cfg.model.seq_len
+
+
+def check_host_memory(cfg, layout, device_type: str = "cpu") -> None:
+    """Refuse, before anything is allocated, a run whose training state (on CPU) or one step's token batches cannot
+    fit in this machine's memory.
+
+    Without it the model build ends in an allocator traceback or the OOM killer, and a huge global batch grows the
+    process for minutes before it does. Activations are not counted, so a run refused here could never have fit.
+    Raises ConfigError (exit 2) with the estimate.
     """
     from scaletrain.config import ConfigError
 
     shards = layout.dp_shard * layout.cp * layout.tp * layout.pp  # what FSDP, TP and PP split the weights over
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    need = training_state_bytes(cfg, shards) * local_ranks
+    need = training_state_bytes(cfg, shards) * local_ranks if device_type == "cpu" else 0
+    batches = batch_bytes(cfg, layout.dp) * local_ranks
     have = available_memory_bytes()
     problem = None
+    per = f" ({local_ranks} ranks on this machine, 1/{shards} each)" if local_ranks > 1 or shards > 1 else ""
     if have is not None and need > have:
         what = "fp32 weights + LoRA adapters with Adam" if cfg.lora.rank > 0 else "fp32 weights, gradients and Adam"
-        per = f" ({local_ranks} ranks on this machine, 1/{shards} each)" if local_ranks > 1 or shards > 1 else ""
         problem = (
             f"{cfg.preset or 'this model'} needs ~{_human(need)} for {what}{per}; this machine has "
             f"{_human(have)} available"
+        )
+    elif have is not None and need + batches > have:
+        t = cfg.train
+        problem = (
+            f"train.global_batch_size={t.global_batch_size}: one step's token batches need ~{_human(batches)} "
+            f"({t.global_batch_size // max(1, layout.dp)} sequences x {cfg.model.seq_len} tokens x 16 bytes per rank"
+            f"{f', {local_ranks} ranks' if local_ranks > 1 else ''}){' besides the training state' if need else ''}; "
+            f"this machine has {_human(have)} available"
         )
     from scaletrain.train.rundir import share
 
