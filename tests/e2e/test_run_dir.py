@@ -141,7 +141,7 @@ def test_non_finite_eval_loss_is_strict_json_and_exit_1(capsys, tmp_path, excerp
 def test_exit_codes_target_diverged_crashed(capsys, tmp_path, excerpt_corpus, monkeypatch):
     code, err, _ = cli(capsys, excerpt_corpus, tmp_path / "ok", sets=["train.target_eval_loss=9"])
     assert code == 0 and strict_load((tmp_path / "ok/result.json").read_text())["outcome"] == "converged"
-    code, err, _ = cli(capsys, excerpt_corpus, tmp_path / "div", sets=["optim.lr=1e4"])
+    code, err, _ = cli(capsys, excerpt_corpus, tmp_path / "div", sets=["optim.lr=1e3"])  # the largest lr config allows
     result = strict_load((tmp_path / "div/result.json").read_text())
     assert code == 1 and result["outcome"] == "diverged" and result["reason"].startswith("non-finite training loss")
 
