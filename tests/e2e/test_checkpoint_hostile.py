@@ -270,6 +270,8 @@ import resource, signal, sys
 from scaletrain.checkpoint.store import CheckpointError
 from scaletrain.config import resolve
 from scaletrain.train.engine import Trainer
+
+pytestmark = pytest.mark.hostile
 cfg = resolve("gpt3-proxy", overrides=sys.argv[2:])
 trainer = Trainer(cfg, sys.argv[1])
 trainer.init()

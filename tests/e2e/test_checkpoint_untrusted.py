@@ -23,6 +23,8 @@ from scaletrain.train.engine import Trainer
 
 from test_train_e2e import tiny_config, tiny_overrides
 
+pytestmark = pytest.mark.hostile
+
 
 STEP = 10  # the checkpoint: saved after the first evaluation; the run's budget is one step more
 

@@ -10,6 +10,8 @@ import pytest
 
 from scaletrain.cli import main
 
+pytestmark = pytest.mark.hostile
+
 
 def run_cli(capsys, *args):
     code = main(list(args))

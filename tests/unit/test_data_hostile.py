@@ -21,6 +21,8 @@ from scaletrain.data.indexed import (
 from scaletrain.data.prepare import load_dataset, meta_path
 from scaletrain.data.tokenizer import Tokenizer
 
+pytestmark = pytest.mark.hostile
+
 VOCAB = 1024
 
 
