@@ -18,6 +18,8 @@ from scaletrain.train.engine import Trainer
 
 from test_train_e2e import tiny_config
 
+pytestmark = pytest.mark.hostile
+
 
 @pytest.fixture(scope="module")
 def saved(excerpt_corpus, tmp_path_factory):
@@ -270,8 +272,6 @@ import resource, signal, sys
 from scaletrain.checkpoint.store import CheckpointError
 from scaletrain.config import resolve
 from scaletrain.train.engine import Trainer
-
-pytestmark = pytest.mark.hostile
 cfg = resolve("gpt3-proxy", overrides=sys.argv[2:])
 trainer = Trainer(cfg, sys.argv[1])
 trainer.init()
