@@ -193,6 +193,8 @@ def scan_checkpoints(root: Path) -> dict:
                     bad.append(f"{entry.name}: {exc}")
             elif TMP_DIR.match(entry.name) and entry.is_dir():
                 partial.append(entry.name)
+            elif entry.name == store.READERS_LOCK and entry.is_file():  # export's shared lock against the pruner
+                continue
             else:
                 other.append(entry.name)
     # What checkpoint.resume=auto would pick must be one of the verified ones (it never loads anything else).

@@ -163,6 +163,7 @@ def test_signal_to_the_train_command_exits_resumable(excerpt_corpus, tmp_path, r
     for line in eval_lines:
         assert re.fullmatch(r"step: \d0/<=40  eval_loss: \d+\.\d{4}  target: 0\.1", line), line
     # The printed numbers are the run's own: the same as metrics.jsonl's for those steps.
-    records = {(r["step"], "eval_loss" in r): r for r in read_jsonl(run / "metrics.jsonl")}
+    # A checkpoint save's own line ({"step", "checkpoint_s"}; the final save's too) is no step's numbers.
+    records = {(r["step"], "eval_loss" in r): r for r in read_jsonl(run / "metrics.jsonl") if "checkpoint_s" not in r}
     assert train_lines[-1].startswith(f"step: 40/<=40  loss: {records[(40, False)]['loss']:.4f}  ")
     assert eval_lines[-1] == f"step: 40/<=40  eval_loss: {records[(40, True)]['eval_loss']:.4f}  target: 0.1"

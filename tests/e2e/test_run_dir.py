@@ -142,6 +142,7 @@ def test_exit_codes_target_diverged_crashed(capsys, tmp_path, excerpt_corpus, mo
     code, err, _ = cli(capsys, excerpt_corpus, tmp_path / "ok", sets=["train.target_eval_loss=9"])
     assert code == 0 and strict_load((tmp_path / "ok/result.json").read_text())["outcome"] == "converged"
     code, err, _ = cli(capsys, excerpt_corpus, tmp_path / "div", sets=["optim.lr=1e3"])  # the largest lr config allows
+    assert (tmp_path / "div/result.json").is_file(), (code, err)
     result = strict_load((tmp_path / "div/result.json").read_text())
     assert code == 1 and result["outcome"] == "diverged" and result["reason"].startswith("non-finite training loss")
 

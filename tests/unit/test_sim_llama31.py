@@ -213,4 +213,8 @@ def test_carried_rows_are_the_shared_files_unchanged(bench):
     if not shared.is_file():
         pytest.skip("no ../shared/data/mlperf_v5 next to this checkout")
     carried = resources.files("scaletrain.sim").joinpath("data", f"mlperf_v5_{bench}_calibration.csv")
-    assert carried.read_bytes() == shared.read_bytes()
+    # Every carried row as published there, byte for byte. shared/ has since gained the v5.0 rows at 512-8,192 GPUs;
+    # carrying them changes the fit, and that belongs with the scale terms fitted on them (issue 28), not here.
+    shared_rows = set(shared.read_bytes().splitlines())
+    missing = [row for row in carried.read_bytes().splitlines() if row not in shared_rows]
+    assert not missing, missing[:3]

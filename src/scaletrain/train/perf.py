@@ -131,7 +131,7 @@ class CommWaits:
         if not self.installed:
             return
         self.installed = False
-        _CLOCK.users -= 1
+        _CLOCK.users = max(0, _CLOCK.users - 1)  # never below 0: a hook already restored stays restored
         work = _work_class()
         if _CLOCK.users == 0 and work is not None and _CLOCK.original is not None:
             work.wait = _CLOCK.original
