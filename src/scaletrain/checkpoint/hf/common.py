@@ -16,6 +16,7 @@ import secrets
 import shutil
 import stat
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -88,15 +89,26 @@ def _bad_value(cfg_file: Path, key: str, value, need: str):
     raise ValueError(f"{cfg_file}: {key}={value!r} is not supported (need {need})")
 
 
+_ABSENT = object()
+
+
+def _field(cfg_file: Path, table: dict, key: str, label: str, default) -> tuple[str, Any]:
+    """(the field's printed name, its value or _ABSENT when missing or null and a default stands in);
+    ValueError naming the file when a required field is missing."""
+    name, value = f"{label}{key}", table.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise ValueError(f"{cfg_file}: missing {name!r}")
+        return name, _ABSENT
+    return name, value
+
+
 def hf_int(cfg_file: Path, table: dict, key: str, lo: int, hi: int, default=_REQUIRED, label: str = "") -> int:
     """Integer field `key` of config.json (`table` is it, or a section of it named by `label`): an int, not a
     bool or a float, in [lo, hi]; `default` when absent or null (required without one). ValueError naming the
     file and the field otherwise."""
-    value = table.get(key)
-    name = f"{label}{key}"
-    if value is None:
-        if default is _REQUIRED:
-            raise ValueError(f"{cfg_file}: missing {name!r}")
+    name, value = _field(cfg_file, table, key, label, default)
+    if value is _ABSENT:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         _bad_value(cfg_file, name, value, f"an integer in [{lo}, {hi}]")
@@ -108,11 +120,8 @@ def hf_float(
 ) -> float:
     """Number field `key` of config.json: an int or float (not a bool), finite, in (lo, hi] ((lo, hi) with
     `hi_open`); `default` when absent or null (required without one). ValueError naming the file and field."""
-    value = table.get(key)
-    name = f"{label}{key}"
-    if value is None:
-        if default is _REQUIRED:
-            raise ValueError(f"{cfg_file}: missing {name!r}")
+    name, value = _field(cfg_file, table, key, label, default)
+    if value is _ABSENT:
         return default
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or not (lo < value < hi if hi_open else lo < value <= hi):
