@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from launch import run_ranks
 
-DELAY_S = 0.3
+DELAY_S = 1.0  # well above the scheduling jitter of two ranks on a loaded 2-core machine
 
 
 def _blocked_seconds(rank, world_size):
