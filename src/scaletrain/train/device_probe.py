@@ -18,6 +18,7 @@ from functools import lru_cache
 import torch
 
 from scaletrain.sim.catalog import load_catalog
+from scaletrain.train.cpu_bf16 import bf16_gemm_context, gemm_mode
 
 _GEMM_N = 384
 _COPY_BYTES = 16 << 20
@@ -40,7 +41,9 @@ def gemm_flops(dtype: torch.dtype, n: int = _GEMM_N, repeats: int = 3, window_s:
     """FLOP/s of an n^3 matmul in `dtype` on CPU at the current thread count (mean over a window, `_mean_time`)."""
     a = torch.randn(n, n).to(dtype)
     b = torch.randn(n, n).to(dtype)
-    return 2.0 * n**3 / _mean_time(lambda: torch.mm(a, b), repeats, window_s)
+    # A bf16 training run on a CPU without bf16 GEMMs computes them as fp32 (train/cpu_bf16.py): time the same.
+    with bf16_gemm_context(torch.device("cpu"), "bf16" if dtype == torch.bfloat16 else "fp32"):
+        return 2.0 * n**3 / _mean_time(lambda: torch.mm(a, b), repeats, window_s)
 
 
 def copy_bandwidth(nbytes: int = _COPY_BYTES, repeats: int = 3, window_s: float = WINDOW_S) -> float:
@@ -110,6 +113,7 @@ def probe_cpu(dtype: str, threads: int, window_s: float = WINDOW_S) -> dict:
         "threads": threads,
         "dtype": dtype,
         "gemm_flops": gemm,
+        "bf16_gemm": gemm_mode(),
         "kernel_s": kernel_seconds(),
         "memory_bytes": _host_memory_bytes() / ranks_here,
         "cores": _cores(),

@@ -27,6 +27,7 @@ from scaletrain.model.loss import IGNORE_INDEX, loss_sum
 from scaletrain.parallel import collective_check
 from scaletrain.parallel.layout import Layout
 from scaletrain.sim.catalog import mfu_peak
+from scaletrain.train.cpu_bf16 import bf16_gemm_context
 from scaletrain.train.distributed import init_distributed, local_rank
 from scaletrain.train.grad_norm import align_grad_placements, clip_grads_, total_grad_norm
 from scaletrain.train.host import check_host_memory, peak_memory_gib, setup_cpu
@@ -378,6 +379,7 @@ class Trainer:
         stack = contextlib.ExitStack()
         if self.cfg.train.dtype == "bf16" and not self.pm.uses_fsdp_mixed_precision:
             stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
+        stack.enter_context(bf16_gemm_context(self.device, self.cfg.train.dtype, self.cfg.train.compile))
         if self.layout.tp > 1:
             from torch.distributed.tensor.parallel import loss_parallel
 

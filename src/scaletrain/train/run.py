@@ -6,6 +6,7 @@ Observers (the MLPerf log of the command line, bench/harness.py) are attached by
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,7 @@ def train(
                 cfg.save(run_dir)
             console.print(
                 f"layout: {engine.layout.describe()} ({engine.layout.data_parallel_kind}), device {engine.device}"
+                f"{_gemm_note(cfg, engine.device)}"
             )
         attached = observers(cfg, engine, run_dir, writer) if observers is not None else ()
         result = run_loop(cfg, engine, run_dir, attached, writer=writer)
@@ -124,6 +126,15 @@ def torch_device_name(device) -> str:
     import torch
 
     return torch.cuda.get_device_name(device).replace(" ", "-") if device.type == "cuda" else "CPU"
+
+
+def _gemm_note(cfg: Config, device) -> str:
+    """A word when a bf16 run's GEMMs are emulated (train/cpu_bf16.py), so its speed is not a surprise."""
+    from scaletrain.train.cpu_bf16 import bf16_gemm_context
+
+    if isinstance(bf16_gemm_context(device, cfg.train.dtype, cfg.train.compile), contextlib.nullcontext):
+        return ""
+    return " (no bf16 GEMM on this CPU: bf16 operands multiplied in fp32)"
 
 
 def _fmt(value) -> str:
