@@ -110,3 +110,26 @@ def test_the_device_probe_times_bf16_gemms_the_way_the_run_computes_them(forced,
     forced("native")
     gemm_flops(torch.bfloat16, n=16, repeats=2, window_s=0.0)
     assert seen == []
+
+
+def test_cpu_flash_attention_runs_widened_forward_and_backward():
+    import torch.nn.functional as F
+
+    q0, k0, v0 = (_bf16(2, 2, 32, 16 + i)[..., :16] for i in range(3))
+    with Bf16GemmsInFp32():
+        out = F.scaled_dot_product_attention(q0, k0, v0, is_causal=True)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(
+        out, F.scaled_dot_product_attention(q0.float(), k0.float(), v0.float(), is_causal=True).bfloat16()
+    )
+
+    def grads(emulate: bool):
+        q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
+        with Bf16GemmsInFp32() if emulate else contextlib.nullcontext():
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            (o.float() * torch.linspace(-1, 1, 16)).sum().backward()
+        return [t.grad for t in (q, k, v)]
+
+    for ge, gn in zip(grads(True), grads(False)):
+        assert ge.dtype == torch.bfloat16
+        torch.testing.assert_close(ge.float(), gn.float(), rtol=3e-2, atol=3e-2)

@@ -9,7 +9,9 @@ order of the fp32 summation differs, as it differs between any two CPU kernels.
 
 The mode intercepts the ATen GEMMs that autocast's bf16 linears, matmuls and einsums lower to, forward and
 backward (the training engine enters it around both), on plain tensors and on DTensors alike (a DTensor's `.float()`
-is a local cast). Attention (`scaled_dot_product_attention`) has its own CPU kernel that widens bf16 itself.
+is a local cast). CPU flash attention (forward and backward) is widened the same way: its bf16 kernel computes in
+fp32 internally but is 4x slower than the fp32 one on AVX2; its bf16 outputs are rounded back, its fp32 logsumexp
+stays fp32.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 _aten = torch.ops.aten
 _GEMMS = frozenset({_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default})
+# CPU flash attention: which outputs are bf16 when the inputs are (the logsumexp is fp32 either way).
+_ATTENTION = {
+    _aten._scaled_dot_product_flash_attention_for_cpu.default: (0,),
+    _aten._scaled_dot_product_flash_attention_for_cpu_backward.default: (0, 1, 2),
+}
 ENV = "SCALETRAIN_CPU_BF16_GEMM"
 """"native" or "emulated" forces the choice (tests exercise both on any CPU); unset, `native_bf16_gemm` decides."""
 
@@ -55,10 +62,18 @@ class Bf16GemmsInFp32(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _GEMMS and any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args):
-            if all(not isinstance(a, torch.Tensor) or a.device.type == "cpu" for a in args):
-                return func(*map(_widen, args), **kwargs).to(torch.bfloat16)
+        if (func in _GEMMS or func in _ATTENTION) and _bf16_on_cpu(args):
+            widened = func(*map(_widen, args), **{k: _widen(v) for k, v in kwargs.items()})
+            if func in _GEMMS:
+                return widened.to(torch.bfloat16)
+            rounded = _ATTENTION[func]
+            return tuple(t.to(torch.bfloat16) if i in rounded else t for i, t in enumerate(widened))
         return func(*args, **kwargs)
+
+
+def _bf16_on_cpu(args) -> bool:
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    return any(t.dtype == torch.bfloat16 for t in tensors) and all(t.device.type == "cpu" for t in tensors)
 
 
 def bf16_gemm_context(device: torch.device, dtype: str, compiled: bool = False) -> contextlib.AbstractContextManager:
