@@ -133,3 +133,20 @@ def test_cpu_flash_attention_runs_widened_forward_and_backward():
     for ge, gn in zip(grads(True), grads(False)):
         assert ge.dtype == torch.bfloat16
         torch.testing.assert_close(ge.float(), gn.float(), rtol=3e-2, atol=3e-2)
+
+
+def test_fp8_linears_keep_their_own_gemms_under_the_mode():
+    from scaletrain.config import resolve
+    from scaletrain.model.build import build_model
+    from scaletrain.model.fp8 import convert_to_float8, float8_linears
+
+    over = ["model.vocab_size=256", "model.n_layers=4", "model.d_model=64", "model.n_heads=4", "model.seq_len=16"]
+    model = build_model(resolve("gpt3-proxy", overrides=over).model)
+    model.init_weights(0)
+    convert_to_float8(model, "tensorwise", emulate=True)
+    assert float8_linears(model)
+    x = torch.randint(0, 256, (2, 16))
+    with Bf16GemmsInFp32(), torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(x).float().square().mean()
+        loss.backward()  # torchao's FP8 tensors support no dtype cast: the mode must leave them alone
+    assert torch.isfinite(loss)

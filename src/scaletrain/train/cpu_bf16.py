@@ -21,6 +21,7 @@ import os
 from functools import lru_cache
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _aten = torch.ops.aten
@@ -53,6 +54,9 @@ def gemm_mode() -> str:
     return "native" if native_bf16_gemm() else "emulated"
 
 
+_WIDENABLE = (torch.Tensor, torch.nn.Parameter, DTensor)
+
+
 def _widen(x):
     return x.float() if isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 else x
 
@@ -73,7 +77,13 @@ class Bf16GemmsInFp32(TorchDispatchMode):
 
 def _bf16_on_cpu(args) -> bool:
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    return any(t.dtype == torch.bfloat16 for t in tensors) and all(t.device.type == "cpu" for t in tensors)
+    return (
+        any(t.dtype == torch.bfloat16 for t in tensors)
+        and all(t.device.type == "cpu" for t in tensors)
+        # Plain tensors and DTensors only: other subclasses (torchao's FP8 tensors) run their own GEMMs and
+        # support no dtype cast.
+        and all(type(t) in _WIDENABLE for t in tensors)
+    )
 
 
 def bf16_gemm_context(device: torch.device, dtype: str, compiled: bool = False) -> contextlib.AbstractContextManager:
