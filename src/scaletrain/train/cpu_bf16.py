@@ -54,9 +54,6 @@ def gemm_mode() -> str:
     return "native" if native_bf16_gemm() else "emulated"
 
 
-_WIDENABLE = (torch.Tensor, torch.nn.Parameter, DTensor)
-
-
 def _widen(x):
     return x.float() if isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 else x
 
@@ -80,10 +77,16 @@ def _bf16_on_cpu(args) -> bool:
     return (
         any(t.dtype == torch.bfloat16 for t in tensors)
         and all(t.device.type == "cpu" for t in tensors)
-        # Plain tensors and DTensors only: other subclasses (torchao's FP8 tensors) run their own GEMMs and
-        # support no dtype cast.
-        and all(type(t) in _WIDENABLE for t in tensors)
+        # Plain tensors and DTensors of them only: other subclasses (torchao's FP8 tensors) run their own GEMMs
+        # and support no dtype cast.
+        and all(_widenable(t) for t in tensors)
     )
+
+
+def _widenable(t: torch.Tensor) -> bool:
+    if type(t) is DTensor:
+        t = t._local_tensor  # a DTensor can wrap an FP8 tensor (FP8 tensor parallelism)
+    return type(t) in (torch.Tensor, torch.nn.Parameter)
 
 
 def bf16_gemm_context(device: torch.device, dtype: str, compiled: bool = False) -> contextlib.AbstractContextManager:
