@@ -188,3 +188,20 @@ def test_plot_writes_a_png_with_curves(tmp_path, capsys):
 def test_plot_rejects_non_benchmark_model(tmp_path, capsys):
     assert main(["sim", "plot", "--model", "gpt3-125m", "--out", str(tmp_path / "x.png")]) == 2
     assert "MLPerf benchmark" in capsys.readouterr().err
+
+
+@pytest.mark.hostile
+def test_measured_calibration_never_borrows_a_published_set(tmp_path, capsys, monkeypatch):
+    # A file fitted on CPU runs has measured/cpu only: pricing an H100 with it fell back silently to v3.0/hopper.
+    from scaletrain.sim.efficiency import Efficiency
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps({"sets": {"measured/cpu": Efficiency().to_dict()}}))
+    monkeypatch.setenv("SCALETRAIN_EFFICIENCY", str(path))
+    argv = ["predict", "--model", "gpt3-175b", "--gpus", "512", "--tp", "8", "--pp", "8", "--calibration", "measured"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "no set measured/hopper for h100" in err and "measured/cpu, which prices CPU runs only" in err
+    assert err.count("\n") == 1 and "v5.1" in err
+    monkeypatch.delenv("SCALETRAIN_EFFICIENCY")
+    assert main(argv) == 2
+    assert "SCALETRAIN_EFFICIENCY" in capsys.readouterr().err
