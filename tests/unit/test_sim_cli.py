@@ -1,6 +1,7 @@
 """The simulator's command line: predict/plan/sim validate/calibrate/plot, their JSON, and their errors."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -180,6 +181,11 @@ def test_plot_writes_a_png_with_curves(tmp_path, capsys):
     out = tmp_path / "lora.png"
     assert main(["sim", "plot", "--model", "llama2-70b-lora", "--gpu", "h200", "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    # The curve is the best planned layout; the published H200 points mostly ran others, and the output says so.
+    printed = capsys.readouterr().out
+    assert "published points (x in the plot) ran another layout than the curve's best planned one" in printed
+    assert re.search(r"^  h200 x8: the curve TP\d+ PP\d+ VP\d+ CP\d+ GBS8; published .*TP1 PP1 VP1 CP2 GBS8 \(\d+ results\)",
+                     printed, re.M), printed
     from scaletrain.sim.plot import scaling_curves
     pts = scaling_curves("llama2-70b-lora", ("h200",), counts=(8, 64))["h200"]
     assert [n for n, _, _ in pts] == [8, 64] and pts[1][1] < pts[0][1]   # more GPUs, shorter time to train
@@ -205,3 +211,16 @@ def test_measured_calibration_never_borrows_a_published_set(tmp_path, capsys, mo
     monkeypatch.delenv("SCALETRAIN_EFFICIENCY")
     assert main(argv) == 2
     assert "SCALETRAIN_EFFICIENCY" in capsys.readouterr().err
+
+
+def test_layout_notes_name_the_published_points_of_another_layout():
+    from types import SimpleNamespace
+
+    from scaletrain.sim.plot import layout_notes
+    curves = {"h100": [(8, 30.0, "TP4 PP1 VP1 CP1 GBS8"), (64, 5.0, "TP2 PP1 VP1 CP4 GBS8")]}
+    row = lambda gpu, n, tp, cp: SimpleNamespace(gpu=gpu, gpus=n, tp=tp, pp=1, vp=1, cp=cp, gbs=8)
+    rows = [row("h100", 8, 4, 1), row("h100", 64, 4, 2), row("h100", 64, 4, 2), row("h100", 16, 4, 1),
+            row("mi300x", 8, 1, 1)]  # mi300x: no curve drawn, nothing to say
+    assert layout_notes(curves, rows) == (3, [
+        "h100 x16: the curve has no feasible layout; published TP4 PP1 VP1 CP1 GBS8 (1 result)",
+        "h100 x64: the curve TP2 PP1 VP1 CP4 GBS8; published TP4 PP1 VP1 CP2 GBS8 (2 results)"])

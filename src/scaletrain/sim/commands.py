@@ -313,8 +313,18 @@ def cmd_plot(args) -> int:
     """PNG of predicted time-to-train vs GPU count for H100, H200, B200, GB200 and GB300, with published points."""
     from scaletrain.sim.plot import plot_scaling
 
-    out = plot_scaling(args.model, args.out, gpus=args.gpu_list, calibration=args.calibration, results=args.results)
+    out, differ, notes = plot_scaling(
+        args.model, args.out, gpus=args.gpu_list, calibration=args.calibration, results=args.results
+    )
     print(f"wrote {out}")
+    if notes:
+        print(
+            f"{differ} published points (x in the plot) ran another layout than the curve's best planned one at "
+            "their GPU count; the gap to them is not the model's error on their layout (`sim validate` prices each "
+            "in its own):"
+        )
+        for line in notes:
+            print(f"  {line}")
     return 0
 
 
