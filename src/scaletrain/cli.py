@@ -253,7 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train GPT-3/Llama-style models, benchmark them the MLPerf Training way, and predict time-to-train on GPU clusters.",
         epilog=FIELD_FLAGS,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {version()}", help="print scaletrain's version and exit"
+    )
     parser.add_argument(
         "--log-ranks",
         default="0",
@@ -269,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", metavar="DIR", help="where the run writes its files (default: train.run_dir)")
     p.add_argument(
         "--resume",
-        metavar="WHAT",
+        metavar="auto|none|DIR",
         help="resume from: auto (the newest complete checkpoint), none, or a checkpoint directory",
     )
     p.add_argument(
