@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -79,6 +80,7 @@ def run_limited(tmp_path, requirements: list[Requirement], *steps: str) -> tuple
     return proc.returncode, json.loads(lines[-1])
 
 
+@pytest.mark.slow  # ~8 s: one interpreter imports every module (torch among them)
 def test_every_module_and_subcommand_runs_on_the_declared_dependencies_alone(tmp_path):
     code, report = run_limited(tmp_path, declared(), "modules", "help", "bpe")
     assert code == 0 and report == {"refused_by_scaletrain": [], "errors": []}, json.dumps(report, indent=1)
