@@ -21,10 +21,24 @@ log = get_logger(__name__)
 
 DEFAULT_PRESET = "gpt3-proxy"
 
+FIELD_FLAGS = (
+    "Every config field is a flag too: --train.max_steps 5 (or --train.max_steps=5) is --set train.max_steps=5, and "
+    "a boolean field alone is true (--train.compile); `scaletrain config --fields` lists the fields."
+)
+"""The `--section.field VALUE` shorthand (expand_field_flags), said where --help is read: the docs use it everywhere."""
+
+EXIT_STDOUT_CLOSED = 141
+"""Exit status when the reader of stdout left early (`scaletrain config | head`): 128 + SIGPIPE, what a shell reports
+for any Unix tool stopped by a closed pipe, so `set -o pipefail` scripts see scaletrain as they see cat or git. Not 0:
+the output was cut short, which only the reader knows was intended."""
+
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--preset", default=DEFAULT_PRESET, help=f"preset name ({', '.join(list_presets())}); default {DEFAULT_PRESET}"
+        "--preset",
+        default=DEFAULT_PRESET,
+        metavar="NAME",
+        help=f"the preset to start from: {', '.join(list_presets())} (default {DEFAULT_PRESET})",
     )
     p.add_argument(
         "--config", metavar="FILE", help="TOML file applied over the preset, or a run directory's config.json"
@@ -35,7 +49,8 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override one field, e.g. --set train.seed=7 (repeatable; see `scaletrain config --fields`)",
+        help="override one field, e.g. --set train.seed=7 (repeatable; see `scaletrain config --fields`); "
+        "--train.seed 7 is the same",
     )
 
 
@@ -236,6 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="scaletrain",
         description="Train GPT-3/Llama-style models, benchmark them the MLPerf Training way, and predict time-to-train on GPU clusters.",
+        epilog=FIELD_FLAGS,
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {version()}", help="print scaletrain's version and exit"
     )
     parser.add_argument(
         "--log-ranks",
@@ -245,10 +264,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("train", help="train one run to the quality target", description=cmd_train.__doc__)
+    p = sub.add_parser(
+        "train", help="train one run to the quality target", description=cmd_train.__doc__, epilog=FIELD_FLAGS
+    )
     _add_config_args(p)
-    p.add_argument("--run-dir", help="run directory (default: train.run_dir)")
-    p.add_argument("--resume", help="auto (newest complete checkpoint), none, or a checkpoint directory")
+    p.add_argument("--run-dir", metavar="DIR", help="where the run writes its files (default: train.run_dir)")
+    p.add_argument(
+        "--resume",
+        metavar="auto|none|DIR",
+        help="resume from: auto (the newest complete checkpoint), none, or a checkpoint directory",
+    )
     p.add_argument(
         "--overwrite",
         action="store_true",
@@ -259,10 +284,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="validate the parallel layout on a fake process group and estimate memory per GPU; no training",
     )
-    p.add_argument("--world-size", type=int_flag(1, DEGREE_MAX), help="ranks for --dry-run (default: $WORLD_SIZE or 1)")
+    p.add_argument(
+        "--world-size",
+        type=int_flag(1, DEGREE_MAX),
+        metavar="N",
+        help="number of ranks --dry-run lays out (default: $WORLD_SIZE or 1)",
+    )
     p.add_argument(
         "--gpu",
         default="h100",
+        metavar="GPU",
         help="device whose memory --dry-run checks against (default h100; a catalog GPU: a100, h100, h200, b200, b300, "
         "gb200, gb300, mi300x, mi325x, mi350x, mi355x)",
     )
@@ -270,16 +301,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser(
-        "bench", help="MLPerf-style benchmark: N runs, checked logs, olympic score", description=cmd_bench.__doc__
+        "bench",
+        help="MLPerf-style benchmark: N runs, checked logs, olympic score",
+        description=cmd_bench.__doc__,
+        epilog=FIELD_FLAGS,
     )
     _add_config_args(p)
-    p.add_argument("--runs", type=int_flag(1, RUNS_MAX), help="number of runs (default: bench.runs)")
+    p.add_argument(
+        "--runs",
+        type=int_flag(1, RUNS_MAX),
+        metavar="N",
+        help="number of runs, each with its own seed (default: bench.runs)",
+    )
     p.add_argument(
         "--benchmark",
+        metavar="NAME",
         help=f"{benchmarks.choices_text(benchmarks.names())}; without --preset it also picks that benchmark's preset",
     )
-    p.add_argument("--out", default="runs/bench", help="output directory (default runs/bench)")
-    p.add_argument("--resume", help="auto: keep finished runs, resume the interrupted one from its checkpoint")
+    p.add_argument(
+        "--out", default="runs/bench", metavar="DIR", help="directory of the runs and summary.json (default runs/bench)"
+    )
+    p.add_argument(
+        "--resume",
+        metavar="auto",
+        help="auto: keep the finished runs and resume the interrupted one from its checkpoint",
+    )
     p.add_argument(
         "--overwrite",
         action="store_true",
@@ -308,10 +354,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="draw loss.png and perf.png for run directories", description=cmd_report.__doc__)
     p.add_argument("run_dir", nargs="+", help="run directories (or one bench directory with run_*/)")
-    p.add_argument("--out", help="perf.png path (default: in the run directory; ./perf.png for several runs)")
+    p.add_argument(
+        "--out",
+        metavar="PNG",
+        help="where perf.png goes (default: in the run directory; ./perf.png for several runs)",
+    )
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("config", help="show the resolved config or all fields", description=cmd_config.__doc__)
+    p = sub.add_parser(
+        "config", help="show the resolved config or all fields", description=cmd_config.__doc__, epilog=FIELD_FLAGS
+    )
     _add_config_args(p)
     p.add_argument(
         "--fields",
@@ -324,6 +376,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_parsers(sub)
     return parser
+
+
+def version() -> str:
+    """The installed scaletrain's version (its package metadata), or a word saying it is not installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("scaletrain")
+    except PackageNotFoundError:  # run from a source tree on PYTHONPATH, never installed
+        return "(not installed: no package metadata)"
+
+
+def subcommand_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(command path, parser) of every subcommand under `parser`, depth first: (("train",), p), (("bench",), p),
+    (("bench", "check"), p), ..."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*path, name), sub
+                yield from subcommand_parsers(sub, (*path, name))
 
 
 def expand_field_flags(argv: list[str]) -> list[str]:
@@ -344,8 +417,17 @@ def entry() -> None:
     needs the GIL while Python is finalizing and aborts the process ("terminate called without an active
     exception", SIGABRT) after a run that succeeded -- seen once in CI on a 2-rank TP bench. Nothing is left to
     flush by then but the standard streams and logging handlers, flushed here first.
+
+    A reader of stdout that leaves early (`scaletrain config | head`) ends the command quietly with status 141.
     """
-    code, distributed = _main(None)
+    try:
+        code, distributed = _main(None)
+        sys.stdout.flush()  # a reader that left early shows here at the latest, not in interpreter teardown
+    except BrokenPipeError:
+        # Whatever is still buffered can go nowhere: point stdout at /dev/null so the flush at exit cannot raise
+        # again, and leave quietly (the Python docs' recipe for SIGPIPE, signal module notes).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code, distributed = EXIT_STDOUT_CLOSED, False
     if distributed:
         import logging
 

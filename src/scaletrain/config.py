@@ -354,7 +354,7 @@ def _problems(c: Config):
     if t.fp8 and t.dtype != "bf16":
         yield f"train.fp8 needs train.dtype='bf16' (got {t.dtype!r}): the FP8 GEMMs produce bf16"
     if t.fp8 and importlib.util.find_spec("torchao") is None:
-        yield "train.fp8 needs torchao, the [fp8] extra: pip install 'scaletrain[fp8]' (or torchao==0.18.0)"
+        yield "train.fp8 needs torchao, a dependency of scaletrain missing here: pip install torchao==0.18.0"
     if t.fp8:
         yield from _fp8_problems(c)
     if t.device not in ("auto", "cpu", "cuda"):

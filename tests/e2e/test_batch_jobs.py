@@ -158,7 +158,8 @@ def test_signal_to_the_train_command_exits_resumable(excerpt_corpus, tmp_path, r
     for line in train_lines:
         assert re.fullmatch(r"step: \d+/<=40  loss: \d+\.\d{4}  lr: \d\.\d\de-\d\d  grad_norm: \d+\.\d{4}  "
                             r"tok/s: [\d,]+  memory: \d+\.\d\d GiB peak RSS"
-                            r"(  eta: \d+:\d\d:\d\d to step 40 \(step budget\))?", line), line
+                            r"(  eta: (~\d+:\d\d:\d\d to the target \(step ~\d+\), )?<=\d+:\d\d:\d\d to step 40 "
+                            r"\(step budget\))?", line), line
         assert ("eta:" in line) == (not line.startswith("step: 40/"))  # no peak FLOP/s for a CPU: no mfu
     for line in eval_lines:
         assert re.fullmatch(r"step: \d0/<=40  eval_loss: \d+\.\d{4}  target: 0\.1", line), line

@@ -17,9 +17,8 @@ from torch import nn
 from scaletrain.config import ConfigError, resolve
 from scaletrain.model.build import build_model
 
-# Imported first: it quiets torchao's import-time log lines. Without the [fp8] extra the module is skipped (CI
-# installs the extra, so there these tests always run).
-fp8 = pytest.importorskip("scaletrain.model.fp8", reason="FP8 needs the [fp8] extra (torchao)")
+# Imported first: it quiets torchao's import-time log lines. torchao is a core dependency: no skip, a missing one fails.
+import scaletrain.model.fp8 as fp8  # noqa: E402
 Float8Linear, Float8LoraLinear, convert_to_float8 = fp8.Float8Linear, fp8.Float8LoraLinear, fp8.convert_to_float8
 float8_config, float8_linears, fp8_supported, recipe_name = (fp8.float8_config, fp8.float8_linears, fp8.fp8_supported,
                                                              fp8.recipe_name)

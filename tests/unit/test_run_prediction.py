@@ -143,3 +143,28 @@ def test_comm_wait_hook_is_shared_between_trainers_and_restored():
     b.uninstall()
     b.uninstall()
     assert _CLOCK.users == start and (Work.wait == original) == (start == 0)
+
+
+def test_perf_and_loss_plots_name_their_curves_as_metrics_jsonl_does(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from scaletrain.train.perf_report import RunPerf, perf_figure
+    from scaletrain.train.report import loss_figure, read_loss
+
+    breakdown = {"data_s": 0.0, "fwd_bwd_s": 0.4, "optimizer_s": 0.05, "comm_exposed_s": 0.1, "other_s": 0.05}
+    _fake_run(tmp_path / "a", 1.0, {"schema": 1, "step_time_s": 0.5, "breakdown": breakdown})
+    _fake_run(tmp_path / "b", 1.0, {"schema": 1, "step_time_s": 0.5, "breakdown": breakdown})
+
+    def legends(fig):
+        try:
+            return [[t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes]
+        finally:
+            plt.close(fig)
+
+    steps, bars = legends(perf_figure([RunPerf(tmp_path / "a")]))
+    assert bars == ["data_s", "fwd_bwd_s", "comm_exposed_s (in fwd_bwd_s)", "optimizer_s", "other_s"]
+    assert steps == ["a", "a predicted"]
+    (one,) = legends(loss_figure(tmp_path / "a", read_loss([tmp_path / "a"])))
+    assert one == ["loss", "eval_loss"]  # was "train loss" / "train eval"
+    (two,) = legends(loss_figure(tmp_path, read_loss([tmp_path / "a", tmp_path / "b"])))
+    assert two == ["a loss", "a eval_loss", "b loss", "b eval_loss"]

@@ -1,6 +1,7 @@
 """The simulator's command line: predict/plan/sim validate/calibrate/plot, their JSON, and their errors."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -180,6 +181,11 @@ def test_plot_writes_a_png_with_curves(tmp_path, capsys):
     out = tmp_path / "lora.png"
     assert main(["sim", "plot", "--model", "llama2-70b-lora", "--gpu", "h200", "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    # The curve is the best planned layout; the published H200 points mostly ran others, and the output says so.
+    printed = capsys.readouterr().out
+    assert "published points (x in the plot) ran another layout than the curve's best planned one" in printed
+    assert re.search(r"^  h200 x8: the curve TP\d+ PP\d+ VP\d+ CP\d+ GBS8; published .*TP1 PP1 VP1 CP2 GBS8 \(\d+ results\)",
+                     printed, re.M), printed
     from scaletrain.sim.plot import scaling_curves
     pts = scaling_curves("llama2-70b-lora", ("h200",), counts=(8, 64))["h200"]
     assert [n for n, _, _ in pts] == [8, 64] and pts[1][1] < pts[0][1]   # more GPUs, shorter time to train
@@ -188,3 +194,33 @@ def test_plot_writes_a_png_with_curves(tmp_path, capsys):
 def test_plot_rejects_non_benchmark_model(tmp_path, capsys):
     assert main(["sim", "plot", "--model", "gpt3-125m", "--out", str(tmp_path / "x.png")]) == 2
     assert "MLPerf benchmark" in capsys.readouterr().err
+
+
+@pytest.mark.hostile
+def test_measured_calibration_never_borrows_a_published_set(tmp_path, capsys, monkeypatch):
+    # A file fitted on CPU runs has measured/cpu only: pricing an H100 with it fell back silently to v3.0/hopper.
+    from scaletrain.sim.efficiency import Efficiency
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps({"sets": {"measured/cpu": Efficiency().to_dict()}}))
+    monkeypatch.setenv("SCALETRAIN_EFFICIENCY", str(path))
+    argv = ["predict", "--model", "gpt3-175b", "--gpus", "512", "--tp", "8", "--pp", "8", "--calibration", "measured"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "no set measured/hopper for h100" in err and "measured/cpu, which prices CPU runs only" in err
+    assert err.count("\n") == 1 and "v5.1" in err
+    monkeypatch.delenv("SCALETRAIN_EFFICIENCY")
+    assert main(argv) == 2
+    assert "SCALETRAIN_EFFICIENCY" in capsys.readouterr().err
+
+
+def test_layout_notes_name_the_published_points_of_another_layout():
+    from types import SimpleNamespace
+
+    from scaletrain.sim.plot import layout_notes
+    curves = {"h100": [(8, 30.0, "TP4 PP1 VP1 CP1 GBS8"), (64, 5.0, "TP2 PP1 VP1 CP4 GBS8")]}
+    row = lambda gpu, n, tp, cp: SimpleNamespace(gpu=gpu, gpus=n, tp=tp, pp=1, vp=1, cp=cp, gbs=8)
+    rows = [row("h100", 8, 4, 1), row("h100", 64, 4, 2), row("h100", 64, 4, 2), row("h100", 16, 4, 1),
+            row("mi300x", 8, 1, 1)]  # mi300x: no curve drawn, nothing to say
+    assert layout_notes(curves, rows) == (3, [
+        "h100 x16: the curve has no feasible layout; published TP4 PP1 VP1 CP1 GBS8 (1 result)",
+        "h100 x64: the curve TP2 PP1 VP1 CP4 GBS8; published TP4 PP1 VP1 CP2 GBS8 (2 results)"])

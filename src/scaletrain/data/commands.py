@@ -10,11 +10,19 @@ from scaletrain.config_bounds import SEQ_MAX, int_flag
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add `data fetch` and `data prepare` to the top-level subcommands."""
-    p = sub.add_parser("data", help="prepare datasets")
+    p = sub.add_parser("data", help="fetch the default corpora, or tokenize your own files into datasets")
     dsub = p.add_subparsers(dest="data_command", required=True)
     f = dsub.add_parser("fetch", help="fetch and prepare the default corpus", description=cmd_data_fetch.__doc__)
-    f.add_argument("--data-dir", help="where to put it (default $SCALETRAIN_DATA or ~/.cache/scaletrain)")
-    f.add_argument("--vocab-size", type=int_flag(1, SEQ_MAX), default=8192, help="tokenizer vocabulary (default 8192)")
+    f.add_argument(
+        "--data-dir", metavar="DIR", help="where to put it (default $SCALETRAIN_DATA or ~/.cache/scaletrain)"
+    )
+    f.add_argument(
+        "--vocab-size",
+        type=int_flag(1, SEQ_MAX),
+        default=8192,
+        metavar="N",
+        help="vocabulary of the tokenizer trained on it (default 8192)",
+    )
     f.add_argument("--excerpt", action="store_true", help="use the small excerpt shipped in the package (offline)")
     f.add_argument(
         "--corpus",
@@ -27,17 +35,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     f.set_defaults(func=cmd_data_fetch)
     f = dsub.add_parser("prepare", help="tokenize files into .bin/.idx", description=cmd_data_prepare.__doc__)
     f.add_argument("inputs", nargs="+", help=".txt, .jsonl or .json.gz files (field 'text')")
-    f.add_argument("--out", required=True, help="output prefix (writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json)")
-    f.add_argument("--tokenizer", help="SentencePiece .model or HF tokenizer.json; without it one is trained")
+    f.add_argument(
+        "--out", required=True, metavar="PREFIX", help="output prefix (writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json)"
+    )
+    f.add_argument(
+        "--tokenizer", metavar="FILE", help="SentencePiece .model or HF tokenizer.json; without it one is trained"
+    )
     f.add_argument("--bpe", action="store_true", help="train a byte-level BPE tokenizer.json, not SentencePiece")
-    f.add_argument("--vocab-size", type=int_flag(1, SEQ_MAX), default=8192, help="vocabulary when training a tokenizer")
+    f.add_argument(
+        "--vocab-size",
+        type=int_flag(1, SEQ_MAX),
+        default=8192,
+        metavar="N",
+        help="vocabulary when training a tokenizer",
+    )
     f.add_argument(
         "--sft",
         action="store_true",
         help="input/output pairs (JSONL or parquet; GovReport's report/summary accepted) for data.format=sft",
     )
-    f.add_argument("--input-field", help="--sft: field holding the input (default input, or report)")
-    f.add_argument("--output-field", help="--sft: field holding the output (default output, or summary)")
+    f.add_argument("--input-field", metavar="NAME", help="--sft: field holding the input (default input, or report)")
+    f.add_argument(
+        "--output-field", metavar="NAME", help="--sft: field holding the output (default output, or summary)"
+    )
     f.set_defaults(func=cmd_data_prepare)
 
 

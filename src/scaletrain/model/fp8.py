@@ -1,4 +1,4 @@
-"""FP8 training of the transformer-block linears through `torchao.float8` (the optional `[fp8]` extra).
+"""FP8 training of the transformer-block linears through `torchao.float8` (a core dependency).
 
 `convert_to_float8(model, recipe)` runs torchao's `convert_to_float8_training` on the plain model (before tensor
 parallelism, like torchtitan), limited to the `nn.Linear`s inside `model.blocks`: blocks 0 and n-1, the

@@ -313,9 +313,29 @@ def cmd_plot(args) -> int:
     """PNG of predicted time-to-train vs GPU count for H100, H200, B200, GB200 and GB300, with published points."""
     from scaletrain.sim.plot import plot_scaling
 
-    out = plot_scaling(args.model, args.out, gpus=args.gpu_list, calibration=args.calibration, results=args.results)
+    out, differ, notes = plot_scaling(
+        args.model, args.out, gpus=args.gpu_list, calibration=args.calibration, results=args.results
+    )
     print(f"wrote {out}")
+    if notes:
+        print(
+            f"{differ} published points (x in the plot) ran another layout than the curve's best planned one at "
+            "their GPU count; the gap to them is not the model's error on their layout (`sim validate` prices each "
+            "in its own):"
+        )
+        for line in notes:
+            print(f"  {line}")
     return 0
+
+
+LAYOUT_DEGREES = {
+    "tp": "tensor-parallel degree: GPUs that split each layer's matrices (default 1)",
+    "pp": "pipeline-parallel degree: stages the layers are split into (default 1)",
+    "vp": "virtual pipeline stages per GPU, for the interleaved schedule (default 1)",
+    "cp": "context-parallel degree: GPUs that split each sequence (default 1)",
+    "ep": "expert-parallel degree: GPUs that split an MoE layer's experts (default 1)",
+}
+"""predict's layout flags and what each degree splits."""
 
 
 def add_parsers(sub) -> None:
@@ -325,15 +345,24 @@ def add_parsers(sub) -> None:
         p.add_argument(
             "--model",
             default="gpt3-175b",
-            help="preset or benchmark: "
+            metavar="NAME",
+            help="the model, a preset or benchmark (default gpt3-175b): "
             + ", ".join(f"{b.reference_preset} ({b.name})" for b in benchmarks.BENCHMARKS.values())
             + ", any preset",
         )
-        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a model field")
+        p.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a model field, e.g. --set model.n_layers=48 (repeatable)",
+        )
         p.add_argument(
             "--gpu",
             default="h100",
-            help="a100, h100, h200, b200, b300, gb200, gb300, mi300x, mi325x, mi350x, mi355x or a catalog key",
+            metavar="GPU",
+            help="the GPU (default h100): a100, h100, h200, b200, b300, gb200, gb300, mi300x, mi325x, mi350x, mi355x "
+            "or a key of a --catalog file",
         )
         p.add_argument(
             "--gpus",
@@ -341,41 +370,66 @@ def add_parsers(sub) -> None:
             dest="gpus",
             type=int_flag(1, DEGREE_MAX),
             required=True,
-            help="number of GPUs (= ranks)",
+            metavar="N",
+            help="number of GPUs in the cluster (= ranks)",
         )
-        p.add_argument("--node", help="node type (hgx-h100, nd-h200-v5, gb200-nvl72, hgx-b300, mi355x-oam, ...)")
-        p.add_argument("--fabric", help="scale-out fabric (ib-ndr, ib-ndr-sharp, ib-xdr, ib-hdr, roce, roce-800)")
         p.add_argument(
-            "--calibration", help="fitted efficiency set: v3.0, v3.1, v4.0, v4.1, v5.0, v5.1 (default newest), measured"
+            "--node",
+            metavar="NODE",
+            help="node type (default: the GPU's usual one): hgx-h100, nd-h200-v5, gb200-nvl72, hgx-b300, mi355x-oam, ...",
         )
-        p.add_argument("--catalog", action="append", default=[], metavar="TOML", help="extra hardware catalog file")
-        p.add_argument("--gbs", type=int_flag(1, GBS_MAX), help="global batch size (sequences)")
+        p.add_argument(
+            "--fabric",
+            metavar="FABRIC",
+            help="scale-out network (default: the node's): ib-ndr, ib-ndr-sharp, ib-xdr, ib-hdr, roce, roce-800",
+        )
+        p.add_argument(
+            "--calibration",
+            metavar="SET",
+            help="fitted efficiency set: v3.0, v3.1, v4.0, v4.1, v5.0, v5.1 (default newest), or measured (the set "
+            "`sim calibrate` fitted on your runs of this GPU, in the file $SCALETRAIN_EFFICIENCY names)",
+        )
+        p.add_argument(
+            "--catalog", action="append", default=[], metavar="TOML", help="an extra hardware catalog file (repeatable)"
+        )
+        p.add_argument(
+            "--gbs",
+            type=int_flag(1, GBS_MAX),
+            metavar="N",
+            help="global batch size in sequences (default: a benchmark's reference batch; plan searches the "
+            "benchmark's batches without it)",
+        )
         p.add_argument(
             "--fp4",
             action="store_true",
             help="FP4 GEMMs (NVFP4/MXFP4) where FP8 would apply, on the FP8 recipe (implies --fp8 for predict)",
         )
-        p.add_argument("--json", action="store_true", help="print JSON")
+        p.add_argument("--json", action="store_true", help="print the result as JSON instead of text")
         p.add_argument(
             "--moe-imbalance",
             type=float_flag(1.0, float(DEGREE_MAX)),
             default=1.0,
-            help="MoE: busiest expert rank's tokens over the mean (>= 1)",
+            metavar="X",
+            help="MoE: the busiest expert rank's tokens over the mean (>= 1, default 1)",
         )
         if layout:
-            for name, default in (("tp", 1), ("pp", 1), ("vp", 1), ("cp", 1), ("ep", 1)):
-                p.add_argument(
-                    f"--{name}",
-                    type=int_flag(1, DEGREE_MAX),
-                    default=default,
-                    help=f"{name} degree (default {default})",
-                )
+            for name, what in LAYOUT_DEGREES.items():
+                p.add_argument(f"--{name}", type=int_flag(1, DEGREE_MAX), default=1, metavar="N", help=what)
             p.add_argument(
-                "--mbs", type=int_flag(1, GBS_MAX), default=1, help="micro-batch size in sequences (default 1)"
+                "--mbs",
+                type=int_flag(1, GBS_MAX),
+                default=1,
+                metavar="N",
+                help="micro-batch size in sequences (default 1)",
             )
-            p.add_argument("--fp8", action="store_true", help="FP8 GEMMs")
-            p.add_argument("--no-sp", action="store_true", help="no sequence parallelism with TP")
-            p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
+            p.add_argument("--fp8", action="store_true", help="run the GEMMs in FP8 (the MLPerf recipes do)")
+            p.add_argument("--no-sp", action="store_true", help="no sequence parallelism alongside tensor parallelism")
+            p.add_argument(
+                "--recompute",
+                default="none",
+                choices=("none", "selective", "full"),
+                help="activation recomputation: none (default), selective (attention) or full (every layer)",
+            )
             p.add_argument(
                 "--zero",
                 type=int,
@@ -383,7 +437,12 @@ def add_parsers(sub) -> None:
                 choices=(0, 1, 3),
                 help="optimizer sharding: 0 none, 1 distributed optimizer (default), 3 fully sharded",
             )
-            p.add_argument("--schedule", default="", choices=("", "gpipe", "1f1b", "interleaved_1f1b"))
+            p.add_argument(
+                "--schedule",
+                default="",
+                choices=("", "gpipe", "1f1b", "interleaved_1f1b"),
+                help="the pipeline schedule to simulate (default: interleaved_1f1b with --vp above 1, else 1f1b)",
+            )
             p.add_argument(
                 "--grad-dtype",
                 default="auto",
@@ -410,7 +469,11 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("plan", help="search parallel layouts for a cluster", description=cmd_plan.__doc__)
     common(p, False)
     p.add_argument(
-        "--top", type=int_flag(1, TOP_MAX), default=5, help=f"layouts to show (default 5, at most {TOP_MAX})"
+        "--top",
+        type=int_flag(1, TOP_MAX),
+        default=5,
+        metavar="N",
+        help=f"how many of the best layouts to show (default 5, at most {TOP_MAX})",
     )
     p.add_argument(
         "--as-trained",
@@ -430,8 +493,10 @@ def add_parsers(sub) -> None:
         metavar="CSV",
         help="results CSV in the calibration format (repeatable; default: the shipped calibration rows)",
     )
-    v.add_argument("--catalog", action="append", default=[], metavar="TOML")
-    v.add_argument("--json", action="store_true")
+    v.add_argument(
+        "--catalog", action="append", default=[], metavar="TOML", help="an extra hardware catalog file (repeatable)"
+    )
+    v.add_argument("--json", action="store_true", help="print the result as JSON instead of text")
     v.add_argument(
         "--cv",
         choices=("loo", "scale"),
@@ -450,6 +515,7 @@ def add_parsers(sub) -> None:
         "--jobs",
         type=int_flag(1, 1024),
         default=None,
+        metavar="N",
         help="--cv loo: refits run at a time in separate processes (default: the CPUs available)",
     )
     v.set_defaults(func=cmd_validate)
@@ -467,10 +533,18 @@ def add_parsers(sub) -> None:
         help="also predict this run with the fitted terms and report its error (repeatable; not fitted on)",
     )
     c.add_argument("--published", action="append", metavar="CSV", help="results CSV to fit on (default: shipped)")
-    c.add_argument("--gpu", help="catalog GPU the runs used (default: the device their prediction.json records)")
-    c.add_argument("--calibration", help="set whose other scalars runs start from (default newest)")
-    c.add_argument("--catalog", action="append", default=[], metavar="TOML")
-    c.add_argument("--out", help="write the fitted sets here (JSON; point $SCALETRAIN_EFFICIENCY at it)")
+    c.add_argument(
+        "--gpu",
+        metavar="GPU",
+        help="catalog GPU the runs used (default: the device their prediction.json records)",
+    )
+    c.add_argument(
+        "--calibration", metavar="SET", help="the set whose other scalars the runs' fit starts from (default newest)"
+    )
+    c.add_argument(
+        "--catalog", action="append", default=[], metavar="TOML", help="an extra hardware catalog file (repeatable)"
+    )
+    c.add_argument("--out", metavar="JSON", help="write the fitted sets here (point $SCALETRAIN_EFFICIENCY at it)")
     c.add_argument(
         "--layer-timings",
         metavar="JSON",
@@ -492,10 +566,26 @@ def add_parsers(sub) -> None:
     pl.add_argument(
         "--model",
         default="gpt3-175b",
-        help=benchmarks.choices_text(b.reference_preset for b in benchmarks.BENCHMARKS.values()),
+        metavar="NAME",
+        help="the benchmark's model (default gpt3-175b): "
+        + benchmarks.choices_text(b.reference_preset for b in benchmarks.BENCHMARKS.values()),
     )
-    pl.add_argument("--out", default="sim_scaling.png", help="PNG path (default sim_scaling.png)")
-    pl.add_argument("--gpu", dest="gpu_list", action="append", help="GPUs to draw (default h100 h200 b200 gb200 gb300)")
-    pl.add_argument("--calibration", help="efficiency set (default newest)")
-    pl.add_argument("--results", action="append", default=[], metavar="CSV", help="extra published points")
+    pl.add_argument(
+        "--out", default="sim_scaling.png", metavar="PNG", help="where the plot goes (default sim_scaling.png)"
+    )
+    pl.add_argument(
+        "--gpu",
+        dest="gpu_list",
+        action="append",
+        metavar="GPU",
+        help="a GPU to draw, repeatable (default h100 h200 b200 gb200 gb300)",
+    )
+    pl.add_argument("--calibration", metavar="SET", help="the efficiency set to predict with (default newest)")
+    pl.add_argument(
+        "--results",
+        action="append",
+        default=[],
+        metavar="CSV",
+        help="a results CSV of further published points to draw (repeatable)",
+    )
     pl.set_defaults(func=cmd_plot)

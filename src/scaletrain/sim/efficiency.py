@@ -229,11 +229,26 @@ def _set_for(sets: dict, release: str | None, gpu: str) -> tuple[str, Efficiency
     if release not in known and release.lstrip("v") in known:
         release = release.lstrip("v")
     if release not in known:
-        raise ValueError(f"--calibration {release}: no fitted set; known: {', '.join(known)}")
+        hint = f" (the {release} sets come from `scaletrain sim calibrate ... --out F`, with ${EFFICIENCY_ENV}=F)"
+        raise ValueError(
+            f"--calibration {release}: no fitted set; known: {', '.join(known)}"
+            + (hint if release == "measured" else "")
+        )
     gen = generation(gpu)
     key = f"{release}/{gen}"
     if key in sets:
         return key, Efficiency.from_dict(sets[key])
+    if _release_key(release) == (0,):
+        # A set fitted on the user's own runs ("measured", from `sim calibrate`) describes the hardware it was
+        # fitted on: standing in a published release's set for another GPU would answer for a calibration that
+        # was never made, under its name.
+        have = sorted(k for k in sets if k.split("/")[0] == release)
+        numbered = [r for r in known if _release_key(r) != (0,)]
+        raise ValueError(
+            f"--calibration {release}: no set {key} for {gpu} in ${EFFICIENCY_ENV} (it has {', '.join(have)}"
+            + (", which prices CPU runs only" if have == [f"{release}/cpu"] else "")
+            + f"); fit {gpu} runs with `scaletrain sim calibrate`, or use a published release: {', '.join(numbered)}"
+        )
     fitted = [r for r in known if f"{r}/{gen}" in sets]
     if fitted:
         older = [r for r in fitted if _release_key(r) <= _release_key(release)]

@@ -1,4 +1,10 @@
-"""`scaletrain sim plot`: predicted time-to-train against GPU count per GPU type, published results overlaid."""
+"""`scaletrain sim plot`: predicted time-to-train against GPU count per GPU type, published results overlaid.
+
+A curve is the planner's best layout at each GPU count; a published point ran its submitter's layout, which is
+often another one (a different TP/PP split or global batch). So each point is planned at its own GPU count too, and
+the plot and the printed notes say which published points ran a layout other than the curve's there: the vertical
+gap to such a point is not the model's error on that layout (`sim validate` measures that).
+"""
 
 from __future__ import annotations
 
@@ -19,8 +25,16 @@ COLORS = {
 }
 
 
-def scaling_curves(model: str, gpus=DEFAULT_GPUS, counts=None, calibration: str | None = None) -> dict:
-    """{gpu: [(n_gpus, minutes, layout text), ...]} from the planner's best layout at each count."""
+def layout_text(tp: int, pp: int, vp: int, cp: int, gbs: int) -> str:
+    """A layout as the curves and the notes print it."""
+    return f"TP{tp} PP{pp} VP{vp} CP{cp} GBS{gbs}"
+
+
+def scaling_curves(
+    model: str, gpus=DEFAULT_GPUS, counts=None, calibration: str | None = None, also: dict | None = None
+) -> dict:
+    """{gpu: [(n_gpus, minutes, layout text), ...]} from the planner's best layout at each count (`also`: {gpu:
+    further counts}, the published points' own)."""
     from scaletrain.sim.plan import plan
 
     spec = benchmarks.for_model(model)
@@ -29,24 +43,50 @@ def scaling_curves(model: str, gpus=DEFAULT_GPUS, counts=None, calibration: str 
     out = {}
     for gpu in gpus:
         pts = []
-        for n in counts or (spec.plot_gpu_counts if spec else DEFAULT_COUNTS):
+        for n in sorted(
+            set(counts or (spec.plot_gpu_counts if spec else DEFAULT_COUNTS)) | set((also or {}).get(gpu, ()))
+        ):
             res = plan(w, gpu, n, calibration=calibration, top=1)
             if res.best and res.best[0].time_to_train_min is not None:
                 best = res.best[0]
                 lay = best.layout
                 pts.append(
-                    (
-                        n,
-                        best.time_to_train_min,
-                        f"TP{lay['tp']} PP{lay['pp']} VP{lay['vp']} CP{lay['cp']} GBS{lay['gbs']}",
-                    )
+                    (n, best.time_to_train_min, layout_text(lay["tp"], lay["pp"], lay["vp"], lay["cp"], lay["gbs"]))
                 )
         out[gpu] = pts
     return out
 
 
-def plot_scaling(model: str, out: str, gpus=None, calibration: str | None = None, results=()) -> str:
-    """Draw the curves and the published points of the same benchmark; returns the PNG path."""
+def layout_notes(curves: dict, rows) -> tuple[int, list[str]]:
+    """(how many published points drawn against a curve ran another layout than the curve's at their GPU count,
+    one line per GPU and count with such points: the curve's layout there and the published ones, with how many
+    results ran each)."""
+    groups: dict[tuple[str, int], dict[str, int]] = {}
+    for r in rows:
+        if r.gpu not in curves:
+            continue
+        published = layout_text(r.tp, r.pp, r.vp, r.cp, r.gbs)
+        if _planned_at(curves, r.gpu, r.gpus) != published:
+            counts = groups.setdefault((r.gpu, r.gpus), {})
+            counts[published] = counts.get(published, 0) + 1
+    lines = []
+    for (gpu, n), layouts in sorted(groups.items()):
+        ran = ", ".join(f"{text} ({k} result{'s' if k > 1 else ''})" for text, k in sorted(layouts.items()))
+        lines.append(
+            f"{gpu} x{n}: the curve {_planned_at(curves, gpu, n) or 'has no feasible layout'}; published {ran}"
+        )
+    return sum(sum(c.values()) for c in groups.values()), lines
+
+
+def _planned_at(curves: dict, gpu: str, n: int) -> str | None:
+    return {count: text for count, _, text in curves[gpu]}.get(n)
+
+
+def plot_scaling(
+    model: str, out: str, gpus=None, calibration: str | None = None, results=()
+) -> tuple[str, int, list[str]]:
+    """Draw the curves and the published points of the same benchmark; returns the PNG path, and how many published
+    points ran another layout than the curve's with the lines that say which (`layout_notes`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -56,10 +96,13 @@ def plot_scaling(model: str, out: str, gpus=None, calibration: str | None = None
     if spec is None:
         known = ", ".join(b.reference_preset for b in benchmarks.BENCHMARKS.values())
         raise ValueError(f"--model {model}: plot needs an MLPerf benchmark model ({known})")
-    curves = scaling_curves(spec.reference_preset, tuple(gpus or DEFAULT_GPUS), calibration=calibration)
     rows = [r for r in bundled_results(spec.name)]
     for path in results:
         rows += [r for r in load_results(path).rows if r.benchmark == spec.name]
+    drawn = tuple(gpus or DEFAULT_GPUS)
+    also = {g: {r.gpus for r in rows if r.gpu == g} for g in drawn}
+    curves = scaling_curves(spec.reference_preset, drawn, calibration=calibration, also=also)
+    differ, notes = layout_notes(curves, rows)
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for gpu, pts in curves.items():
         if pts:
@@ -68,7 +111,10 @@ def plot_scaling(model: str, out: str, gpus=None, calibration: str | None = None
     for r in rows:
         label = f"{r.gpu} published" if r.gpu not in seen else None
         seen.add(r.gpu)
-        ax.plot(r.gpus, r.score_minutes, "o", color=COLORS.get(r.gpu, "black"), mfc="none", ms=8, label=label)
+        colour = COLORS.get(r.gpu, "black")
+        ax.plot(r.gpus, r.score_minutes, "o", color=colour, mfc="none", ms=8, label=label)
+        if r.gpu in curves and _planned_at(curves, r.gpu, r.gpus) != layout_text(r.tp, r.pp, r.vp, r.cp, r.gbs):
+            ax.plot(r.gpus, r.score_minutes, "x", color=colour, ms=5)  # another layout than the curve's there
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("GPUs")
@@ -76,7 +122,19 @@ def plot_scaling(model: str, out: str, gpus=None, calibration: str | None = None
     ax.set_title(f"{spec.name}: predicted (best planned layout) vs published MLPerf results")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
+    if notes:
+        fig.text(
+            0.01,
+            0.01,
+            f"x: {differ} of {sum(r.gpu in curves for r in rows)} published points ran another layout than the "
+            "curve's best planned one at their GPU count (see the printed notes); the gap to them is not the "
+            "model's error on their layout",
+            fontsize=7,
+            wrap=True,
+        )
+        fig.tight_layout(rect=(0, 0.05, 1, 1))
+    else:
+        fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
-    return out
+    return out, differ, notes

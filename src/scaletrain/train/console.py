@@ -4,17 +4,21 @@ Off a terminal (Slurm, nohup, CI, a pipe) a bar would be control codes in a log 
 (every `train.log_interval` steps) and each evaluation prints one line instead, in the spirit of torchtitan's console
 log:
 
-    step: 10/<=30  loss: 6.4888  lr: 1.00e-03  grad_norm: 0.5512  tok/s: 21,373  memory: 0.42 GiB peak RSS  eta: 0:00:01 to step 30 (step budget)
+    step: 10/<=30  loss: 6.4888  lr: 1.00e-03  grad_norm: 0.5512  tok/s: 21,373  memory: 0.42 GiB peak RSS  eta: <=0:00:01 to step 30 (step budget)
     step: 10/<=30  eval_loss: 6.3824  target: 0.1
 
 MFU (against the device's dense bf16 peak, as everywhere in scaletrain) appears where the peak is known: CUDA
 devices in the peak table, not CPUs. Memory is the CUDA allocator's peak on a GPU, the process's peak RSS on CPU.
-The planned step count is an upper bound: reaching the target stops a run sooner, so bar and lines say "≤ N".
+The planned step count is an upper bound: reaching the target stops a run sooner, so bar and lines say "≤ N", and
+the time to it is a bound, "eta: <=T". Once two evaluations show the loss falling, a line also estimates when the
+target is reached (`target_eta`); a run that reaches its target early (the MLPerf proxies converge at a fifth to a
+third of their budget) is then not left reading an ETA several times too long.
 """
 
 from __future__ import annotations
 
 import datetime
+import math
 import sys
 import time
 from typing import Any
@@ -83,6 +87,7 @@ class LogLines:
         self.memory_label, self.target = memory_label, target
         self._out = out
         self._t0 = time.monotonic()  # the rate behind the ETA counts evaluations and saves in, as they recur
+        self._evals: list[tuple[int, float]] = []  # (step, eval_loss) of the evaluations seen, for target_eta
 
     def update(self, record: dict[str, Any]) -> None:
         """Print the line for one metrics record (training step or evaluation)."""
@@ -94,6 +99,8 @@ class LogLines:
         step = int(record.get("step", 0))
         head = f"step: {step}/<={self.total}"  # ASCII: a batch log may not be UTF-8
         if "eval_loss" in record:
+            if record["eval_loss"] is not None and (not self._evals or self._evals[-1][0] < step):
+                self._evals.append((step, float(record["eval_loss"])))
             parts = [head, f"eval_loss: {record['eval_loss']:.4f}"]
             if self.target is not None:
                 parts.append(f"target: {self.target:g}")
@@ -108,9 +115,40 @@ class LogLines:
             parts.append(f"memory: {record['peak_mem_gib']:.2f} GiB {self.memory_label}")
         done = step - self.first_step
         if done > 0 and self.total > step:
-            eta = datetime.timedelta(seconds=round(elapsed_s / done * (self.total - step)))
-            parts.append(f"eta: {eta} to step {self.total} ({self.total_label})")
+            per_step = elapsed_s / done
+            bound = f"<={_duration(per_step * (self.total - step))} to step {self.total} ({self.total_label})"
+            target = target_eta(self._evals, self.target, step, self.total)
+            if target is None:
+                parts.append(f"eta: {bound}")
+            else:
+                parts.append(f"eta: ~{_duration(per_step * (target - step))} to the target (step ~{target}), {bound}")
         return "  ".join(parts)
 
     def close(self) -> None:
         """Nothing to release: every line is already flushed."""
+
+
+def _duration(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=round(max(0.0, seconds)))
+
+
+def target_eta(evals: list[tuple[int, float]], target: float | None, step: int, total: int) -> int | None:
+    """The step of the evaluation at which the eval-loss trend reaches `target`, or None when there is no trend
+    (fewer than two evaluations, a loss that did not fall, the target already met) or it reaches the target only at
+    or past step `total`, the bound.
+
+    The trend is the last two evaluations, (s1, l1) and (s2, l2), extended as a straight line in log(step),
+    loss = l2 - b ln(s/s2): training loss curves flatten as they go, so this reaches the target later than a straight
+    line in steps would, the side to err on. A run checks its target at evaluations only, so the answer is rounded up
+    to the next one, at the spacing of the last two.
+    """
+    if target is None or len(evals) < 2:
+        return None
+    (s1, l1), (s2, l2) = evals[-2], evals[-1]
+    if not (0 < s1 < s2 and l1 > l2 > target) or not all(map(math.isfinite, (l1, l2))):
+        return None
+    slope = (l1 - l2) / math.log(s2 / s1)
+    reach = s2 * math.exp(min((l2 - target) / slope, 50.0))  # capped: exp would overflow long before it matters
+    at_eval = s2 + math.ceil((reach - s2) / (s2 - s1) - 1e-9) * (s2 - s1)  # 1e-9: exp(ln 2) is not exactly 2
+    at_eval = max(at_eval, s2 + (s2 - s1) * math.ceil(max(0, step - s2) / (s2 - s1)))  # not before the next one
+    return int(at_eval) if at_eval < total else None

@@ -3,7 +3,8 @@
 perf.png: the measured step time over the steps with the predicted step time as a dashed line of the same colour,
 and a stacked bar per run of the measured step breakdown (means over the steady steps, which sum to their mean
 step time) beside the predicted one (prediction.json, mapped onto the same keys). The table prints the same numbers:
-the median steady step time (as `sim calibrate` reads a run), its ratio to the prediction, and the parts.
+the median steady step time (as `sim calibrate` reads a run), its ratio to the prediction, and the parts. Every part
+is named as metrics.jsonl names it.
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ from scaletrain.sim.run_files import read_metrics, read_prediction
 from scaletrain.sim.run_prediction import steady_median
 from scaletrain.train.report import save_figure
 
-PARTS = ("data_s", "compute_s", "comm_exposed_s", "optimizer_s", "other_s")
-"""The stacked parts: compute_s is fwd_bwd_s less its exposed communication, so the parts sum to the step time."""
+PARTS = ("data_s", "fwd_bwd_s", "comm_exposed_s", "optimizer_s", "other_s")
+"""The breakdown's parts, as metrics.jsonl names them."""
+
+STACKED = ("data_s", "fwd_bwd_s", "optimizer_s", "other_s")
+"""The parts that sum to the step time, stacked in the bars; comm_exposed_s is time inside fwd_bwd_s (and the
+optimizer's) spent waiting for collectives, drawn hatched over the top of the fwd_bwd_s segment."""
 
 _COLOURS = {
     "data_s": "#8c8c8c",
-    "compute_s": "#4c72b0",
+    "fwd_bwd_s": "#4c72b0",
     "comm_exposed_s": "#dd8452",
     "optimizer_s": "#55a868",
     "other_s": "#c44e52",
@@ -28,15 +33,8 @@ _COLOURS = {
 
 
 def _stack(b: dict) -> dict:
-    """Breakdown with the measured keys -> PARTS."""
-    comm = b.get("comm_exposed_s") or 0.0
-    return {
-        "data_s": b.get("data_s") or 0.0,
-        "compute_s": (b.get("fwd_bwd_s") or 0.0) - comm,
-        "comm_exposed_s": comm,
-        "optimizer_s": b.get("optimizer_s") or 0.0,
-        "other_s": b.get("other_s") or 0.0,
-    }
+    """A breakdown (metrics.jsonl or prediction.json keys) -> PARTS, a missing part 0."""
+    return {k: b.get(k) or 0.0 for k in PARTS}
 
 
 class RunPerf:
@@ -103,13 +101,25 @@ def perf_table(runs: list[RunPerf]) -> str:
         elif run.prediction is None:
             lines.append(f"{'':<20} no prediction.json")
     lines.append(
-        "step_s: median of the steady steps (past the first third); parts: their means; ratio: measured/predicted"
+        "step_s: median of the steady steps (past the first third); parts: their means, comm_exposed_s inside "
+        "fwd_bwd_s and optimizer_s; ratio: measured/predicted"
     )
     return "\n".join(lines)
 
 
 def plot_perf(runs: list[RunPerf], path: Path) -> Path:
     """Draw perf.png at `path`: step time over steps (predicted as dashed lines) and the breakdown bars."""
+    import matplotlib.pyplot as plt
+
+    fig = perf_figure(runs)
+    try:
+        return save_figure(fig, path)
+    finally:
+        plt.close(fig)
+
+
+def perf_figure(runs: list[RunPerf]):
+    """perf.png's matplotlib figure (the caller saves and closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -132,22 +142,31 @@ def plot_perf(runs: list[RunPerf], path: Path) -> Path:
             x = len(labels)
             labels.append(f"{run.name}\n{what}" if len(runs) > 1 else what)
             bottom = 0.0
-            for k in PARTS:
+            first = i == 0 and j == 0
+            for k in STACKED:
                 value = max(0.0, parts[k]) if parts else 0.0
-                first = i == 0 and j == 0
                 bars.bar(
-                    x, value, bottom=bottom, color=_COLOURS[k], hatch="//" if j else None, label=k if first else None
+                    x, value, bottom=bottom, color=_COLOURS[k], alpha=0.6 if j else 1.0, label=k if first else None
                 )
+                if k == "fwd_bwd_s" and parts:
+                    # The wait for collectives, within fwd_bwd_s: the segment's top part, hatched.
+                    comm = min(max(0.0, parts["comm_exposed_s"]), value)
+                    bars.bar(
+                        x,
+                        comm,
+                        bottom=bottom + value - comm,
+                        color=_COLOURS["comm_exposed_s"],
+                        alpha=0.6 if j else 1.0,
+                        hatch="//",
+                        label="comm_exposed_s (in fwd_bwd_s)" if first else None,
+                    )
                 bottom += value
     bars.set_xticks(range(len(labels)), labels, fontsize=8)
     bars.set_ylabel("seconds per step")
     bars.legend(fontsize=8)
     fig.suptitle(" vs ".join(r.name for r in runs) if len(runs) > 1 else str(runs[0].path))
     fig.tight_layout()
-    try:
-        return save_figure(fig, path)
-    finally:
-        plt.close(fig)
+    return fig
 
 
 def report_perf(run_dirs: list[Path], out: Path | None = None) -> tuple[Path, str]:

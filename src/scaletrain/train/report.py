@@ -14,7 +14,16 @@ from pathlib import Path
 from scaletrain.data.indexed import DataError
 from scaletrain.sim.run_files import read_config_table, read_metrics
 
-__all__ = ["read_metrics", "plot_run", "loss_targets", "read_loss", "draw_loss", "check_writable", "save_figure"]
+__all__ = [
+    "read_metrics",
+    "plot_run",
+    "loss_targets",
+    "read_loss",
+    "draw_loss",
+    "loss_figure",
+    "check_writable",
+    "save_figure",
+]
 
 
 def loss_targets(run_dir: Path) -> list[tuple[Path, list[Path]]]:
@@ -67,7 +76,7 @@ def read_loss(runs: list[Path]) -> dict:
     for run in runs:
         train, evals = read_metrics(run)
         train = [r for r in train if "loss" in r]
-        curves.append((run.name if len(runs) > 1 else "train", train, evals))
+        curves.append((run.name if len(runs) > 1 else "", train, evals))
     return {"curves": curves, "target": _target(runs[0])}
 
 
@@ -78,6 +87,18 @@ def _number(value) -> float:
 
 def draw_loss(target: Path, data: dict) -> Path:
     """Draw `read_loss`'s `data` as target/loss.png; returns its path."""
+    import matplotlib.pyplot as plt
+
+    fig = loss_figure(target, data)
+    try:
+        return save_figure(fig, target / "loss.png")
+    finally:
+        plt.close(fig)
+
+
+def loss_figure(target: Path, data: dict):
+    """loss.png's matplotlib figure (the caller saves and closes it). Curves are named as metrics.jsonl names
+    them, `loss` (training) and `eval_loss`, after the run's name when several runs share the plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,13 +106,14 @@ def draw_loss(target: Path, data: dict) -> Path:
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
     try:
-        for label, train, evals in data["curves"]:
+        for name, train, evals in data["curves"]:
+            label = f"{name} " if name else ""
             (line,) = ax.plot(
                 [r["tokens"] for r in train],
                 [_number(r["loss"]) for r in train],
                 lw=0.8,
                 alpha=0.7,
-                label=f"{label} loss",
+                label=f"{label}loss",
             )
             if evals:
                 ax.plot(
@@ -99,7 +121,7 @@ def draw_loss(target: Path, data: dict) -> Path:
                     [_number(r["eval_loss"]) for r in evals],
                     "o-",
                     color=line.get_color(),
-                    label=f"{label} eval",
+                    label=f"{label}eval_loss",
                 )
         if data["target"] is not None:
             ax.axhline(data["target"], color="k", ls="--", lw=0.8, label=f"target {data['target']}")
@@ -109,9 +131,10 @@ def draw_loss(target: Path, data: dict) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        return save_figure(fig, target / "loss.png")
-    finally:
+    except BaseException:
         plt.close(fig)
+        raise
+    return fig
 
 
 def _target(run: Path) -> float | None:

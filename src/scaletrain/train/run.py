@@ -75,10 +75,8 @@ def train(
         if writer:
             with writing(run_dir / "config.json"):
                 cfg.save(run_dir)
-            console.print(
-                f"layout: {engine.layout.describe()} ({engine.layout.data_parallel_kind}), device {engine.device}"
-                f"{_gemm_note(cfg, engine.device)}"
-            )
+            for line in start_lines(cfg, engine, run_dir):
+                console.print(line, soft_wrap=True, highlight=False, markup=False)
         attached = observers(cfg, engine, run_dir, writer) if observers is not None else ()
         result = run_loop(cfg, engine, run_dir, attached, writer=writer)
     if not writer:
@@ -126,6 +124,33 @@ def torch_device_name(device) -> str:
     import torch
 
     return torch.cuda.get_device_name(device).replace(" ", "-") if device.type == "cuda" else "CPU"
+
+
+def start_lines(cfg: Config, engine, run_dir: Path) -> list[str]:
+    """What a run says before its first step: what it trains, on what data, to which target within which budget,
+    where its files go, and on what layout and device."""
+    from scaletrain.train.schedule import eval_every_steps
+
+    if cfg.data.format == "sft":
+        from scaletrain.data.sft_paths import resolve_paths
+    else:
+        from scaletrain.data.corpus import resolve_paths
+    train, valid, tokenizer = resolve_paths(cfg.data)  # resolved already by the engine: cannot fail here
+    steps = engine._planned_steps()
+    budget = "train.max_steps" if cfg.train.max_steps else "the lr decay's end"
+    lines = [
+        f"train {cfg.preset or 'custom config'}: run directory {run_dir}",
+        f"  data: train {train}, valid {valid}"
+        + (f", tokenizer {tokenizer}" if tokenizer else "")
+        + (" (SFT pairs)" if cfg.data.format == "sft" else ""),
+        f"  target: eval loss <= {cfg.train.target_eval_loss:g}, evaluated every {eval_every_steps(cfg)} steps; "
+        f"at most {steps} steps ({budget}) of {cfg.train.global_batch_size} sequences x {cfg.model.seq_len} tokens",
+        f"  layout: {engine.layout.describe()} ({engine.layout.data_parallel_kind}), device {engine.device}"
+        f"{_gemm_note(cfg, engine.device)}",
+    ]
+    if engine.resume_path is not None:
+        lines.append(f"  resuming from {engine.resume_path}")
+    return lines
 
 
 def _gemm_note(cfg: Config, device) -> str:
