@@ -49,8 +49,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--tokenizer", choices=("sentencepiece", "bpe"), default="sentencepiece", help=tok_help)
     f.set_defaults(func=cmd_data_fetch)
     f = dsub.add_parser("prepare", help="tokenize files into .bin/.idx", description=cmd_data_prepare.__doc__)
-    f.add_argument("inputs", nargs="+", help=".txt, .jsonl or .json.gz files (field 'text')")
-    f.add_argument("--out", required=True, help="output prefix (writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json)")
+    f.add_argument(
+        "inputs", nargs="+", help=".txt (one document each), .jsonl or .json.gz files (field 'text'), or folders"
+    )
+    f.add_argument(
+        "--out",
+        required=True,
+        help=f"output prefix: writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json, the validation set PREFIX{VALID_SUFFIX}.* "
+        "and a trained tokenizer into PREFIX's folder",
+    )
     f.add_argument("--tokenizer", help="SentencePiece .model or HF tokenizer.json; without it one is trained")
     f.add_argument("--bpe", action="store_true", help="train a byte-level BPE tokenizer.json, not SentencePiece")
     f.add_argument(
@@ -169,15 +176,9 @@ def cmd_data_prepare(args) -> int:
         print(f"tokenizer: {tokenizer.path}")
         return 0
     meta = prepare_dataset(args.inputs, args.out, tokenizer, valid_prefix=valid, valid_fraction=fraction)
-    print(
-        f"train: {args.out} ({meta['num_documents']} documents, {meta['num_tokens']} tokens, vocab {meta['vocab_size']})"
-    )
+    print(f"train: {args.out} ({_counts(meta)}, vocab {meta['vocab_size']})")
     if valid is not None:
-        vmeta = read_meta(valid) or {}
-        print(
-            f"valid: {valid} ({vmeta.get('num_documents')} documents, {vmeta.get('num_tokens')} tokens: "
-            f"the last {fraction * 100:g}% of the tokens)"
-        )
+        print(f"valid: {valid} ({_counts(read_meta(valid) or {})}: the last {fraction * 100:g}% of the tokens)")
     print(f"tokenizer: {tokenizer.path}")
     sets = [f"data.train_prefix={args.out}", f"data.valid_prefix={valid or 'VALID_PREFIX'}"]
     sets.append(f"data.tokenizer={tokenizer.path}")
@@ -185,6 +186,11 @@ def cmd_data_prepare(args) -> int:
         print("no validation set (--valid-fraction 0): prepare held-out text with --tokenizer and name it below")
     print("train on it: scaletrain train " + " ".join(f"--set {shlex.quote(s)}" for s in sets))
     return 0
+
+
+def _counts(meta: dict) -> str:
+    docs, tokens = meta.get("num_documents"), meta.get("num_tokens")
+    return f"{docs} document{'' if docs == 1 else 's'}, {tokens} tokens"
 
 
 def _keep_pinned_tokenizer(tok_file: Path, replaced: list[str | None]) -> None:
