@@ -55,7 +55,10 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args) -> Config:
-    return resolve(args.preset, args.config, args.overrides)
+    from scaletrain.data.prepare import dataset_vocab
+
+    # The vocabulary of a dataset `data prepare` made, unless the user sets one: a small corpus's is not the preset's.
+    return resolve(args.preset, args.config, args.overrides, dataset_vocab=dataset_vocab)
 
 
 def _apply_resume(cfg, args) -> None:

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,9 @@ from scaletrain import config_io as _io
 from scaletrain.config_bounds import available_cores, bound_problems, threads_problem
 from scaletrain.config_io import ConfigError, list_presets, parse_override, preset_dict
 from scaletrain.config_model import MLAConfig, ModelConfig, MoEConfig, model_problems
+from scaletrain.log import get_logger
+
+log = get_logger(__name__)
 
 # Re-exported: callers import these from scaletrain.config (config_io holds the TOML machinery).
 __all__ = [
@@ -471,27 +475,54 @@ def resolve(
     config_file: str | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     host: bool = True,
+    dataset_vocab: Callable[[Config], tuple[int, str] | None] | None = None,
 ) -> Config:
     """Build the one Config of a run: preset, then a file (TOML, or a run's config.json), then --set overrides,
     then validate.
 
     `host`: the config is for a run on this machine, so train.threads is checked against its cores too; the
     simulator, which prices a config for other machines, passes False.
+    `dataset_vocab`: (vocabulary, where it was read) of the datasets cfg.data names, or None when they do not say
+    (the CLI passes scaletrain.data's reader: this layer reads no data). When the file and the overrides leave
+    model.vocab_size alone, a preset's value that differs gives way to the datasets', with one status line; a value
+    the user set stays, and a dataset that disagrees with it is refused when the run opens it.
     """
     cfg = Config(preset=preset)
     if preset:
         _io.merge(cfg, preset_dict(preset), f"preset {preset}")
     preset_threads = cfg.train.threads
+    user_tables = []
     if config_file:
         path = Path(config_file)
         text = _io.read_text_file(path, f"--config {config_file}")
-        _io.merge(cfg, _io.load_config_file(text, str(path)), str(path))
+        user_tables.append(_io.load_config_file(text, str(path)))
+        _io.merge(cfg, user_tables[-1], str(path))
     for text in overrides:
         key, value = parse_override(text)
-        _io.merge(cfg, _io.nest(key, value), f"--set {text}")
+        user_tables.append(_io.nest(key, value))
+        _io.merge(cfg, user_tables[-1], f"--set {text}")
+    if dataset_vocab is not None and not any(_sets_vocab(t) for t in user_tables):
+        _adopt_dataset_vocab(cfg, dataset_vocab)
     if host:  # first: a huge thread count is better refused with the cores it should not exceed
         _check_threads(cfg, preset_threads)
     return _check_wandb(cfg.validate())
+
+
+def _sets_vocab(table: dict[str, Any]) -> bool:
+    model = table.get("model")
+    return isinstance(model, dict) and "vocab_size" in model
+
+
+def _adopt_dataset_vocab(cfg: Config, dataset_vocab: Callable[[Config], tuple[int, str] | None]) -> None:
+    found = dataset_vocab(cfg)
+    if found is None or found[0] == cfg.model.vocab_size:
+        return
+    vocab, where = found
+    log.info(
+        f"model.vocab_size={vocab} from {where} (the {'preset ' + cfg.preset if cfg.preset else 'default'}'s "
+        f"{cfg.model.vocab_size} does not fit this data; --set model.vocab_size=N to choose)"
+    )
+    cfg.model.vocab_size = vocab
 
 
 def _check_threads(cfg: Config, preset_threads: int) -> None:

@@ -12,10 +12,11 @@ names Llama 3, GPT-2 and SentencePiece-converted tokenizers use, and those `trai
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-from .indexed import DataError
+from .documents import document_lines, input_files, lines_of
+from .indexed import DataError, VocabTooLarge
 
 PAD_TOKEN, EOS_TOKEN, BOS_TOKEN = "<|pad|>", "<|end_of_text|>", "<|begin_of_text|>"
 """The special tokens `train_bpe` puts first (ids 0, 1, 2); EOS and BOS are Llama 3's names."""
@@ -72,33 +73,37 @@ class TokenizerJSON:
         return self._tok.id_to_token(int(i)) or ""
 
 
-def _training_texts(files: Sequence[Path]) -> Iterator[str]:
+def _training_texts(files: Sequence[Path], documents: Callable[[], Iterable[str]] | None = None) -> Iterator[str]:
     # Whole lines with their line break: verse's line structure ("," + "\n") is most of what there is to learn,
     # and the byte-level pre-tokenizer keeps "\n" as a byte symbol of its own.
-    for p in files:
-        with open(p, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.strip():
-                    yield line.rstrip("\r\n") + "\n"
+    for line in lines_of(documents()) if documents else document_lines(files):
+        yield line + "\n"
 
 
-def train_bpe(text_files: Iterable[str | Path], out: str | Path, vocab_size: int) -> Path:
+def train_bpe(
+    text_files: Iterable[str | Path],
+    out: str | Path,
+    vocab_size: int,
+    fit_vocab: bool = False,
+    documents: Callable[[], Iterable[str]] | None = None,
+) -> Path:
     """Train a byte-level BPE (GPT-2/Llama 3 style: byte alphabet, GPT-2 pre-tokenizer regex, no unknown token)
     on plain-text files and write it as a tokenizer.json at `out`; returns that path.
 
     Ids 0, 1, 2 are PAD_TOKEN, EOS_TOKEN, BOS_TOKEN. Deterministic: the same files and vocab_size give the same
     bytes (so the file's sha256 can pin datasets to it).
+
+    A text too small for `vocab_size` runs out of merges first: with `fit_vocab` the tokenizer keeps the vocabulary
+    it reached, else VocabTooLarge names that size and nothing is written. `documents`: a function giving the texts
+    to train on instead of the files' documents.
     """
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
-    files = [Path(p) for p in text_files]
     out = Path(out)
+    files = input_files(text_files)
     if not files:
         raise DataError(f"{out}: no training text files given")
-    for p in files:
-        if not p.is_file():
-            raise DataError(f"{p}: no such file")
     if vocab_size < MIN_VOCAB:
         raise DataError(f"{out}: vocab_size {vocab_size} too small for a byte-level BPE (need >= {MIN_VOCAB})")
     tok = HFTokenizer(models.BPE())
@@ -110,7 +115,10 @@ def train_bpe(text_files: Iterable[str | Path], out: str | Path, vocab_size: int
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_training_texts(files), trainer=trainer)
+    tok.train_from_iterator(_training_texts(files, documents), trainer=trainer)
+    reached = int(tok.get_vocab_size(with_added_tokens=True))
+    if reached < vocab_size and not fit_vocab:
+        raise VocabTooLarge(out, vocab_size, reached)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     tmp.write_text(tok.to_str() + "\n", encoding="utf-8")

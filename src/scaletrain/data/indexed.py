@@ -51,6 +51,18 @@ class DataError(ValueError):
         super().__init__(" ".join(str(message).split()))
 
 
+class VocabTooLarge(DataError):
+    """A tokenizer cannot have the vocabulary asked for: its training text runs out of merges first. `largest` is the
+    biggest vocabulary that text gives (the tokenizer trained with it has exactly that many ids)."""
+
+    def __init__(self, where: str | Path, asked: int, largest: int) -> None:
+        super().__init__(
+            f"{where}: a vocabulary of {asked} is more than this text supports (the tokenizer runs out of merges); "
+            f"the largest it gives is {largest}: set --vocab-size {largest} or less, or add text"
+        )
+        self.asked, self.largest = asked, largest
+
+
 def best_dtype(vocab_size: int | None) -> np.dtype:
     """Token dtype Megatron picks for a vocabulary: uint16 below 65500 ids, else int32."""
     return np.dtype(np.uint16 if vocab_size is not None and vocab_size < 65500 else np.int32)
@@ -128,6 +140,39 @@ class IndexedDatasetWriter:
     def num_documents(self) -> int:
         """Documents added so far."""
         return len(self._lengths)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens added so far."""
+        return sum(self._lengths)
+
+    def move_tail(self, other: IndexedDatasetWriter, n_tokens: int, chunk: int = 1 << 24) -> None:
+        """Move the last `n_tokens` tokens written here to `other`, as documents: the document the cut falls in is
+        split there (its head stays, its tail becomes `other`'s first document), the ones after it move whole.
+
+        Done before finalize(), on the temporary file: nothing is copied but the moved tokens (read back through a
+        memory map, `chunk` tokens at a time) and the file is then truncated at the cut.
+        """
+        if self._done or other._done:
+            raise ValueError(f"{self.prefix}: writer already finalized")
+        total = self.num_tokens
+        cut = total - max(0, min(n_tokens, total))
+        if cut == total:
+            return
+        self._bin.flush()
+        starts = np.zeros(len(self._lengths) + 1, dtype=np.int64)
+        np.cumsum(self._lengths, out=starts[1:])
+        first = int(np.searchsorted(starts, cut, side="right")) - 1  # the document holding token `cut`
+        tokens = np.memmap(self._bin_tmp, dtype=self.dtype, mode="r", shape=(total,))
+        try:
+            for doc in range(first, len(self._lengths)):
+                lo, hi = (cut if doc == first else int(starts[doc])), int(starts[doc + 1])
+                other.add_document_parts(tokens[a : min(a + chunk, hi)] for a in range(lo, hi, chunk))
+        finally:
+            del tokens
+        self._lengths = self._lengths[:first] + ([cut - int(starts[first])] if cut > starts[first] else [])
+        self._bin.truncate(cut * self.dtype.itemsize)
+        self._bin.seek(cut * self.dtype.itemsize)
 
     def finalize(self) -> None:
         """Write the index and move both files to their final names."""

@@ -2,25 +2,23 @@
 
 PREFIX.meta.json (written last, so it only exists for a complete .bin/.idx):
     {"tokenizer_sha256", "vocab_size", "num_documents", "num_tokens", "max_token_id", "dtype", "sources"}
+    and, for the two parts of a corpus split into training and validation text, "split": {"part", "valid_fraction"}
 """
 
 from __future__ import annotations
 
-import gzip
 import json
+import math
 import os
-import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from .documents import read_documents
 from .indexed import DataError, IndexedDataset, IndexedDatasetWriter, best_dtype
 from .tokenizer import Tokenizer
 
-TEXT_SUFFIXES = (".txt", ".text", ".md")
-JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
-GZIP_SUFFIXES = (".json.gz", ".jsonl.gz")
 # Documents per encode_batch call: big enough to keep SentencePiece's threads busy, small enough
 # that the Python int lists it returns (~30 bytes per token) stay a few hundred MB at most.
 ENCODE_CHUNK_DOCS = 2048
@@ -35,61 +33,6 @@ ENCODE_PIECE_CHARS = 256 * 1024
 def meta_path(prefix: str | Path) -> Path:
     """PREFIX.meta.json"""
     return Path(f"{prefix}.meta.json")
-
-
-def _expand(paths: Iterable[str | Path]) -> list[Path]:
-    out: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            # Sorted so the stored document order (and thus every sample) is reproducible.
-            out.extend(sorted(q for q in p.rglob("*") if q.is_file() and _kind(q) is not None))
-        elif not p.is_file():
-            raise DataError(f"{p}: no such file")
-        else:
-            out.append(p)
-    return out
-
-
-def _kind(p: Path) -> str | None:
-    name = p.name.lower()
-    if name.endswith(GZIP_SUFFIXES):
-        return "gz"
-    if name.endswith(JSONL_SUFFIXES):
-        return "jsonl"
-    if name.endswith(TEXT_SUFFIXES):
-        return "txt"
-    return None
-
-
-def json_lines(path: Path, lines: Iterable[str]) -> Iterator[tuple[int, object]]:
-    """(line number, parsed object) of every non-blank JSONL line; a bad line is a DataError naming file:line.
-
-    The raw line is released before the object is handed out, so a huge line is held once (as its parsed
-    strings) while the caller works on it, not twice.
-    """
-    lineno = 0
-    # No enumerate(): it keeps its last (index, line) tuple alive until the next line is read.
-    for line in lines:
-        lineno += 1
-        if line.isspace() or not line:
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: bad JSON: {exc.msg} at column {exc.colno}") from None
-        del line
-        yield lineno, obj
-        del obj
-
-
-def _jsonl_texts(path: Path, lines: Iterable[str]) -> Iterator[str]:
-    for lineno, obj in json_lines(path, lines):
-        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-            raise DataError(f"{path}:{lineno}: expected a JSON object with a string 'text' field")
-        text = obj.pop("text")
-        del obj
-        yield text
-        del text
 
 
 def text_pieces(text: str, size: int = ENCODE_PIECE_CHARS) -> Iterator[str]:
@@ -127,30 +70,6 @@ def _seam_ok(text: str, i: int) -> bool:
     return j < len(text) and not text[j].isspace()
 
 
-def read_documents(paths: Iterable[str | Path]) -> Iterator[str]:
-    """Yield document strings from files: .txt (whole file = one document), JSONL and gzip JSONL (C4's .json.gz).
-
-    JSON lines need a string "text" field. Directories are expanded to their supported files, sorted.
-    """
-    for path in _expand(paths):
-        kind = _kind(path)
-        try:
-            if kind == "txt":
-                yield path.read_text(encoding="utf-8").replace("\r\n", "\n")
-            elif kind == "jsonl":
-                with open(path, encoding="utf-8") as f:
-                    yield from _jsonl_texts(path, f)
-            elif kind == "gz":
-                with gzip.open(path, "rt", encoding="utf-8") as f:
-                    yield from _jsonl_texts(path, f)
-            else:
-                raise DataError(f"{path}: unsupported file type (expected .txt, .jsonl or .json.gz)")
-        except UnicodeDecodeError as exc:
-            raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-        except (OSError, EOFError, zlib.error) as exc:
-            raise DataError(f"{path}: cannot read: {exc}") from None
-
-
 def _write_json_atomic(path: Path, obj: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(json.dumps(obj, indent=2) + "\n")
@@ -162,19 +81,27 @@ def prepare_dataset(
     out_prefix: str | Path,
     tokenizer: Tokenizer | str | Path,
     num_threads: int | None = None,
+    valid_prefix: str | Path | None = None,
+    valid_fraction: float = 0.0,
 ) -> dict:
     """Tokenize documents from `inputs` into OUT_PREFIX.bin/.idx and write OUT_PREFIX.meta.json; return the meta dict.
 
     Documents are stored in input order, one sequence each, without end tokens; empty ones are skipped.
+    `valid_prefix` and `valid_fraction` > 0: the last `valid_fraction` of the tokens (at least 2) go to
+    VALID_PREFIX.bin/.idx/.meta.json instead, cut inside the document where that share starts; the rest stays at
+    OUT_PREFIX. A contiguous tail, as a held-out split usually is (Hugging Face's "train[95%:]"): a one-document
+    corpus (a .txt book) splits too, and no sample of the validation text sits in the middle of training text.
     """
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
     inputs = list(inputs)
     if not inputs:
         raise DataError(f"{out_prefix}: no input files given")
-    meta_file = meta_path(out_prefix)
+    parts: list[tuple[str | Path, str]] = [(out_prefix, "")]
+    if valid_prefix is not None and valid_fraction > 0:
+        parts = [(out_prefix, "train"), (valid_prefix, "valid")]
     # A sidecar left from an earlier build must not vouch for the files we are about to replace.
-    if meta_file.exists():
-        meta_file.unlink()
+    for prefix, _ in parts:
+        meta_path(prefix).unlink(missing_ok=True)
     max_id = -1
     chunk: list[str] = []
     chunk_chars = 0
@@ -198,7 +125,8 @@ def prepare_dataset(
         pieces = (as_array(tok.encode(piece)) for piece in text_pieces(doc, ENCODE_PIECE_CHARS))
         writer.add_document_parts(pieces)
 
-    with IndexedDatasetWriter(out_prefix, best_dtype(tok.vocab_size)) as w:
+    dtype = best_dtype(tok.vocab_size)
+    with IndexedDatasetWriter(out_prefix, dtype) as w:
         for doc in read_documents(inputs):
             if not doc or doc.isspace():  # not doc.strip(): that copies a huge document once more
                 continue
@@ -214,18 +142,34 @@ def prepare_dataset(
         flush(w)
         if w.num_documents == 0:
             raise DataError(f"{inputs[0]}: no non-empty documents in the {len(inputs)} input path(s)")
-    ds = IndexedDataset(out_prefix)
-    meta = {
-        "tokenizer_sha256": tok.sha256,
-        "vocab_size": tok.vocab_size,
-        "num_documents": len(ds),
-        "num_tokens": ds.num_tokens,
-        "max_token_id": max_id,
-        "dtype": ds.dtype.name,
-        "sources": [str(p) for p in inputs],
-    }
-    _write_json_atomic(meta_file, meta)
-    return meta
+        if len(parts) == 2:
+            total = w.num_tokens
+            held = max(2, math.ceil(valid_fraction * total))  # 2: one input token and its target
+            if total - held < 2:
+                raise DataError(
+                    f"{inputs[0]}: {total} tokens are too few to hold out {valid_fraction:g} of them for validation; "
+                    "--valid-fraction 0 keeps them all for training"
+                )
+            with IndexedDatasetWriter(parts[1][0], dtype) as v:
+                w.move_tail(v, held)
+    metas = {}
+    for prefix, part in parts:
+        ds = IndexedDataset(prefix)
+        meta = {
+            "tokenizer_sha256": tok.sha256,
+            "vocab_size": tok.vocab_size,
+            "num_documents": len(ds),
+            "num_tokens": ds.num_tokens,
+            # A split part's own maximum: one more read of the memmap, a millisecond per million tokens.
+            "max_token_id": (int(ds.tokens.max()) if ds.num_tokens else -1) if part else max_id,
+            "dtype": ds.dtype.name,
+            "sources": [str(p) for p in inputs],
+        }
+        if part:
+            meta["split"] = {"part": part, "valid_fraction": valid_fraction}
+        _write_json_atomic(meta_path(prefix), meta)
+        metas[part] = meta
+    return metas[parts[0][1]]
 
 
 def read_meta(prefix: str | Path) -> dict | None:
@@ -250,6 +194,16 @@ def read_meta(prefix: str | Path) -> dict | None:
                 f"got {json.dumps(meta[key])[:40]}"
             )
     return meta
+
+
+def dataset_vocab(cfg) -> tuple[int, str] | None:
+    """(vocab_size, its sidecar's path) of the training dataset a config.Config names in data.train_prefix; None for
+    the default corpus (empty prefix) or a dataset without a sidecar. For config.resolve's `dataset_vocab`."""
+    prefix = cfg.data.train_prefix
+    if not prefix:
+        return None
+    meta = read_meta(prefix)
+    return None if meta is None else (meta["vocab_size"], str(meta_path(prefix)))
 
 
 def load_dataset(
@@ -278,7 +232,10 @@ def load_dataset(
                 f"(vocab {tokenizer.vocab_size})"
             )
         if vocab_size is not None and meta["vocab_size"] != vocab_size:
-            raise DataError(f"{mfile}: dataset vocab_size {meta['vocab_size']} != model vocab_size {vocab_size}")
+            raise DataError(
+                f"{mfile}: dataset vocab_size {meta['vocab_size']} != model vocab_size {vocab_size}; "
+                f"set model.vocab_size={meta['vocab_size']}, or leave it unset to take the dataset's"
+            )
     if tokenizer is not None and vocab_size is not None and tokenizer.vocab_size != vocab_size:
         raise DataError(
             f"{tokenizer.path}: tokenizer vocab_size {tokenizer.vocab_size} != model vocab_size {vocab_size}"

@@ -37,8 +37,9 @@ import torch
 
 from scaletrain.model.loss import IGNORE_INDEX
 
+from .documents import json_lines
 from .indexed import DataError, IndexedDatasetWriter, best_dtype
-from .prepare import json_lines, load_dataset, meta_path, read_meta
+from .prepare import load_dataset, meta_path, read_meta
 from .samples import PAD_TOKEN, TrainSamples, ValidSamples
 from .sft_paths import resolve_paths
 from .tokenizer import Tokenizer
