@@ -230,7 +230,11 @@ def test_final_step_exported_with_the_umask_modes(mask, run12, tmp_path, capsys)
     assert out.startswith(f"exported step 12 of {run12} (the final step): {run12 / 'checkpoints' / FINAL} -> ")
     hf = tmp_path / "new" / "hf"
     assert sorted(p.name for p in hf.iterdir()) == [
-        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
     ]
     assert hf.stat().st_mode & 0o777 == 0o777 & ~mask  # mkdtemp's 0700 before
     for f in hf.iterdir():
