@@ -281,7 +281,9 @@ def export(given: str | Path, out: str | Path, overwrite: bool = False, tokenize
             f"(load with transformers.{hf_class}.from_pretrained; no tokenizer: {missing[0]}; "
             "pass --tokenizer FILE, the .model or tokenizer.json the run trained with)"
         )
-    return line + "with its tokenizer (load with transformers.AutoModelForCausalLM and AutoTokenizer.from_pretrained)"
+    return (
+        line + f"with its tokenizer (load with transformers.AutoTokenizer and transformers.{hf_class}.from_pretrained)"
+    )
 
 
 def _step_of(path: Path) -> int:
