@@ -144,7 +144,9 @@ def test_export_of_a_run_without_a_checkpoint_names_the_fix(excerpt_corpus, tmp_
     assert main(["export", str(run), "--hf", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
-    assert f"{run}: no checkpoint to export ({run / 'checkpoints'} holds none; the run ended budget_exhausted)" in err
+    assert (
+        f"{run}: no checkpoint to export ({run / 'checkpoints'} holds none; the run's outcome: budget_exhausted)" in err
+    )
     assert "checkpoint.final" in err and "checkpoint.interval_steps=N" in err and "incomplete" not in err
     assert not (tmp_path / "out").exists()
 

@@ -31,9 +31,9 @@ from scaletrain.train.rundir import LOCK_NAME, holds_run, live_owner
 __all__ = ["Source", "find_source", "target_problem", "final_step_note", "run_tokenizer", "export"]
 
 NO_CHECKPOINT_FIX = (
-    "a run saves its last step when it converges or uses up its step budget (checkpoint.final, on by default; not "
-    "after a divergence or a crash) and also after evaluations with --set checkpoint.interval_steps=N; train it "
-    "again to get one"
+    "`scaletrain train` saves the last step of a run that converges or uses up its step budget (unless "
+    "checkpoint.final=false; not after a divergence or a crash), `scaletrain bench` runs only with --set "
+    "checkpoint.interval_steps=N (which also saves after evaluations); train again to get one"
 )
 """How a run gets a checkpoint to export (CheckpointConfig.final and the interval triggers); the message's fix."""
 
@@ -68,7 +68,7 @@ class Source:
         except (OSError, ValueError, RecursionError):
             return ""
         outcome = result.get("outcome") if isinstance(result, dict) else None
-        return f"; the run ended {outcome}" if isinstance(outcome, str) and outcome.isprintable() else ""
+        return f"; the run's outcome: {outcome}" if isinstance(outcome, str) and outcome.isprintable() else ""
 
 
 def find_source(given: str | Path) -> Source:
@@ -206,7 +206,7 @@ def run_tokenizer(cfg, given: str | Path | None = None):
     if sha is not None and sha != tok.sha256:
         why = f"{tok.path} is not the tokenizer {sidecar} was encoded with (sha256 {tok.sha256[:12]}, not {sha[:12]})"
     elif tok.vocab_size != cfg.model.vocab_size:
-        why = f"{tok.path} has {tok.vocab_size} tokens, the model model.vocab_size={cfg.model.vocab_size}"
+        why = f"{tok.path} has {tok.vocab_size} tokens, the model was trained with model.vocab_size={cfg.model.vocab_size}"
     else:
         return tok, ""
     if given is not None:
