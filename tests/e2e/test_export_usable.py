@@ -167,3 +167,21 @@ def test_a_tokenizer_that_is_not_the_runs_is_refused_by_name(case, sp_export, tm
     if case == "another-tokenizer":
         assert "is not the tokenizer" in err and "train.meta.json was encoded with" in err, err
     assert not (tmp_path / "a").exists()
+
+
+def test_the_runs_tokenizer_is_found_and_never_another(excerpt_corpus, tmp_path):
+    from scaletrain.config import resolve
+    from scaletrain.train.export import run_tokenizer
+
+    def cfg(tokenizer):
+        data = [f"data.train_prefix={excerpt_corpus.train_prefix}", f"data.valid_prefix={excerpt_corpus.valid_prefix}"]
+        return resolve("gpt3-proxy", overrides=[*data, f"data.tokenizer={tokenizer}", "model.vocab_size=1024"])
+
+    tok, why = run_tokenizer(cfg(excerpt_corpus.tokenizer))
+    assert tok is not None and tok.path == excerpt_corpus.tokenizer and why == ""
+    texts = sorted((Path(__file__).parents[2] / "src/scaletrain/data/excerpt").glob("k*.txt"))
+    other = train_tokenizer(texts, tmp_path / "other", 1024)
+    tok, why = run_tokenizer(cfg(other))  # e.g. the corpus was fetched again with another tokenizer since the run
+    assert tok is None and why.startswith(f"{other} is not the tokenizer {excerpt_corpus.train_prefix}.meta.json")
+    tok, why = run_tokenizer(cfg(""))
+    assert tok is None and why == "the run's datasets name no tokenizer (data.tokenizer is empty)"
