@@ -67,7 +67,8 @@ def _apply_resume(cfg, args) -> None:
 
 
 def cmd_export(args) -> int:
-    """Export a checkpoint's weights (LoRA adapters merged) as a Hugging Face GPT-2 or Llama directory.
+    """Export a checkpoint's weights (LoRA adapters merged) and the run's tokenizer as a Hugging Face GPT-2 or Llama
+    directory (config.json, model.safetensors, tokenizer.json, tokenizer_config.json, generation_config.json).
 
     A run directory or checkpoints folder gives its newest complete checkpoint (after a finished run: its last step).
     DIR must be new or empty; --overwrite replaces an earlier export's files in it and keeps everything else. A run
@@ -75,7 +76,7 @@ def cmd_export(args) -> int:
     """
     from scaletrain.train.export import export
 
-    line = export(args.checkpoint, args.hf, overwrite=args.overwrite)
+    line = export(args.checkpoint, args.hf, overwrite=args.overwrite, tokenizer=args.tokenizer)
     if line:
         print(line)
     return 0
@@ -348,6 +349,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--overwrite",
         action="store_true",
         help="DIR holds an earlier export: replace its export files one by one, keep every other file",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="FILE",
+        help="the SentencePiece .model or tokenizer.json to ship (default: the one the run trained with)",
     )
     p.set_defaults(func=cmd_export)
 

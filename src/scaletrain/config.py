@@ -203,9 +203,11 @@ class ParallelConfig:
 @dataclass
 class CheckpointConfig:
     interval_steps: int = 0
-    """Save after the first evaluation at least this many steps after the last save; 0 = no step trigger. With
-    either trigger on (or `dir` set), a run that converges or uses up its budget also saves its last step, after
-    its time to train stopped (so `export RUN_DIR` gives the final model); a diverged run does not."""
+    """Save after the first evaluation at least this many steps after the last save; 0 = no step trigger."""
+    final: bool = True
+    """Save the last step of a run that converges or uses up its budget, after its time to train stopped, so
+    `export RUN_DIR` gives the final model (a diverged run saves none). `scaletrain bench` runs save it only when
+    an interval trigger or `dir` is set (N seeds of a benchmark need no N copies of the model)."""
     interval_minutes: float = 0.0
     """Save after the first evaluation at least this many minutes after the last save; 0 = no time trigger."""
     keep: int = 2
@@ -214,7 +216,7 @@ class CheckpointConfig:
     """Write in a background thread (DCP async_save); the checkpoint is published at the next save or run end."""
     dir: str = ""
     """Where checkpoints go; empty means <run_dir>/checkpoints. Set, it also asks for the final checkpoint of a run
-    that converges or uses up its budget, even with no interval trigger."""
+    that converges or uses up its budget, even with checkpoint.final=false."""
     resume: str = "none"
     """"none", "auto" (newest complete checkpoint in dir, if any) or a checkpoint directory."""
     verify: str = "sha256"

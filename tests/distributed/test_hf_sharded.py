@@ -239,8 +239,11 @@ def test_export_under_torchrun_equals_single_process_export(excerpt_corpus, tmp_
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("-> ") == 1 and "LlamaForCausalLM.from_pretrained" in proc.stdout  # rank 0 reports
     files = sorted(p.name for p in (tmp_path / "two").iterdir())
-    assert files == ["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
-                     "model.safetensors.index.json"]
+    assert files == ["config.json", "generation_config.json", "model-00001-of-00002.safetensors",
+                     "model-00002-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json",
+                     "tokenizer_config.json"]
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):  # rank 0 wrote the same
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
     one = st.load_file(tmp_path / "one" / "model.safetensors")
     two = {n: t for f in (tmp_path / "two").glob("*.safetensors") for n, t in st.load_file(f).items()}
     assert one.keys() == two.keys() and all(torch.equal(one[n], two[n]) for n in one)

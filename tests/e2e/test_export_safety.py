@@ -229,7 +229,13 @@ def test_final_step_exported_with_the_umask_modes(mask, run12, tmp_path, capsys)
     assert code == 0, err
     assert out.startswith(f"exported step 12 of {run12} (the final step): {run12 / 'checkpoints' / FINAL} -> ")
     hf = tmp_path / "new" / "hf"
-    assert sorted(p.name for p in hf.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in hf.iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     assert hf.stat().st_mode & 0o777 == 0o777 & ~mask  # mkdtemp's 0700 before
     for f in hf.iterdir():
         assert f.stat().st_mode & 0o777 == 0o666 & ~mask, f
@@ -253,7 +259,8 @@ def test_overwrite_replaces_only_export_files(run12, tmp_path, capsys):
     assert export(capsys, run12, "--hf", tmp_path / "fresh")[0] == 0
     target = tmp_path / "target"
     target.mkdir()
-    keep = {"README.md": b"# my model\n", "tokenizer.json": b"{}", "sub/notes.txt": b"mine"}
+    keep = {"README.md": b"# my model\n", "sub/notes.txt": b"mine"}
+    (target / "tokenizer.json").write_bytes(b"{}")  # an export file now: replaced by the run's
     for name, data in keep.items():
         (target / name).parent.mkdir(exist_ok=True)
         (target / name).write_bytes(data)
@@ -267,11 +274,13 @@ def test_overwrite_replaces_only_export_files(run12, tmp_path, capsys):
         (target / name).write_text("old")
     code, err, out = export(capsys, run12, "--hf", target, "--overwrite")
     assert code == 0, err
+    tokenizer = ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]
     assert sorted(str(p.relative_to(target)) for p in target.rglob("*")) == sorted(
-        ["README.md", "tokenizer.json", "sub", "sub/notes.txt", "config.json", "model.safetensors"]
+        ["README.md", "sub", "sub/notes.txt", "config.json", "model.safetensors", *tokenizer]
     )
     assert all((target / n).read_bytes() == d for n, d in keep.items())
-    assert (target / "config.json").read_bytes() == (tmp_path / "fresh" / "config.json").read_bytes()
+    for name in ("config.json", *tokenizer):
+        assert (target / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes(), name
     fresh, now = load_file(tmp_path / "fresh" / "model.safetensors"), load_file(target / "model.safetensors")
     assert fresh.keys() == now.keys() and all((fresh[k] == now[k]).all() for k in fresh)
     assert not list(tmp_path.glob(".*"))

@@ -64,7 +64,7 @@ def test_profiling_changes_no_result(runs):
         ]
 
     assert numbers(profiled) == numbers(plain)
-    assert len(numbers(plain)) == 5  # 4 steps and the evaluation at step 4
+    assert len(numbers(plain)) == 6  # 4 steps, the evaluation at step 4 and the final save's checkpoint_s
 
 
 def test_fake_wandb_gets_the_tensorboard_scalars(runs):

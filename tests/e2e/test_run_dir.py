@@ -91,8 +91,9 @@ def test_rerun_refused_overwrite_clears_and_finished_resume_is_not_retrained(cap
 
     (run / "notes.txt").write_text("mine")  # not a run file: --overwrite leaves it alone
     code, err, _ = cli(capsys, excerpt_corpus, run, "--overwrite", sets=["train.max_steps=2"])
-    assert code == 0 and err == (f"--overwrite: removed the previous run's config.json, metrics.jsonl, mllog.txt, "
-                                 f"prediction.json, result.json, tensorboard from {run}")
+    # checkpoints: the finished run saved its last step (checkpoint.final, on by default)
+    assert code == 0 and err == (f"--overwrite: removed the previous run's checkpoints, config.json, metrics.jsonl, "
+                                 f"mllog.txt, prediction.json, result.json, tensorboard from {run}")
     assert steps_of(run) == [1, 2] and steps_of(run, "eval_loss") == [2]
     assert strict_load((run / "result.json").read_text())["steps"] == 2
     assert (run / "notes.txt").read_text() == "mine"

@@ -115,6 +115,9 @@ def test_benchmark_of_three_proxy_runs_passes_the_proxy_rules(tmp_path, monkeypa
     assert list(cwd.iterdir()) == []
     assert summary["converged_all"] and summary["compliant_all"] and summary["seed_check_ok"]
     assert summary["n_converged"] == 3 and summary["score_s"] is not None and len(summary["dropped"]) == 2
+    # A benchmark saves no final model per seed unless a checkpoint trigger or dir asks (checkpoint.final).
+    for i in range(3):
+        assert json.loads((tmp_path / f"run_{i}" / "config.json").read_text())["checkpoint"]["final"] is False
     # Separate logs per run: each has exactly one run_start and its own seed.
     for i, seed in enumerate(summary["seeds"]):
         ev = read_mllog(tmp_path / f"run_{i}" / "mllog.txt")

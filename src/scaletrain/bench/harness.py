@@ -273,6 +273,8 @@ def run_benchmark(
         run_cfg.train.run_dir = str(run_dir)
         if cfg.checkpoint.dir:
             run_cfg.checkpoint.dir = str(Path(cfg.checkpoint.dir) / f"run_{i}")  # runs must not share checkpoints
+        elif not (cfg.checkpoint.interval_steps or cfg.checkpoint.interval_minutes):
+            run_cfg.checkpoint.final = False  # a benchmark measures runs; N final models are asked for, not default
         finished = finished_result(run_dir) if cfg.checkpoint.resume == "auto" else None
         if finished is not None:
             # A restarted benchmark keeps the runs that already ended and resumes the one that was cut short.

@@ -83,7 +83,7 @@ class Checkpointer:
         self.keep, self.async_save, self.verify_mode = k.keep, k.async_save, k.verify
         self.enabled = self.interval_steps > 0 or self.interval_s > 0
         # A run asked for checkpoints (a trigger, or a folder named for them) keeps its final state too.
-        self.save_final = self.enabled or bool(k.dir)
+        self.save_final = self.enabled or bool(k.dir) or k.final
         self.last_step = 0
         self.last_time = time.monotonic()
         # async save in flight: (future, tmp, final, info, my_files)

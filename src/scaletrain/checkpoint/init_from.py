@@ -257,9 +257,10 @@ def load_sharded_model(path: Path, verify_mode: str = "sha256") -> tuple[Config,
     return saved, pm.parts
 
 
-def export_sharded(path: Path, out_dir: Path, overwrite: bool = False) -> tuple[Config, Path]:
+def export_sharded(path: Path, out_dir: Path, overwrite: bool = False, extra_files=None) -> tuple[Config, Path]:
     """Export checkpoint `path` as a Hugging Face directory from every rank of a distributed run, no rank holding
-    more than its shards; destroys the process group when done. Returns (the checkpoint's Config, the directory)."""
+    more than its shards; destroys the process group when done. Returns (the checkpoint's Config, the directory).
+    `extra_files`: a callable of the checkpoint's Config giving the export's further files (name -> bytes)."""
     import torch.distributed as dist
 
     from scaletrain.checkpoint.hf.sharded_export import export_hf_sharded
@@ -267,7 +268,8 @@ def export_sharded(path: Path, out_dir: Path, overwrite: bool = False) -> tuple[
     try:
         cfg, parts = load_sharded_model(path)
         try:
-            out, _ = export_hf_sharded(parts, cfg.model, out_dir, overwrite=overwrite)
+            files = extra_files(cfg) if extra_files is not None else None
+            out, _ = export_hf_sharded(parts, cfg.model, out_dir, overwrite=overwrite, extra_files=files)
         except (ValueError, FileExistsError) as exc:
             raise CheckpointError(str(exc)) from None
     finally:

@@ -98,6 +98,7 @@ class Trainer:
         self.train_samples = int(getattr(self.data.train, "num_samples", 0))
         self.eval_samples = int(getattr(self.data.valid, "num_sequences", 0))
         self.peak = mfu_peak(torch.cuda.get_device_name(self.device)) if self.device.type == "cuda" else None
+        self._run_peak_gib: float | None = None  # peak memory when the run stopped (before its final save)
         self.mesh: Any = None  # DeviceMesh of the layout, built in init() (None on one process)
         self.pm: Any = None  # parallel.parallelize.ParallelModel, built in init()
         self.schedule: Any = None  # the pipeline schedule when parallel.pp > 1
@@ -305,6 +306,8 @@ class Trainer:
 
     def final_checkpoint_due(self) -> bool:
         """Whether to save the last step of a finished run (Checkpointer.save_final; not twice the same step)."""
+        # The run's peak memory is read here, before the final save: that save is not part of the run.
+        self._run_peak_gib = peak_memory_gib(self.device)
         return self.checkpointer.save_final and self.step != self.checkpointer.last_step
 
     def stop_signal(self) -> int:
@@ -326,7 +329,8 @@ class Trainer:
 
     def result_extra(self) -> dict:
         """What result.json gains besides the loop's fields: "predicted_vs_measured" (train/perf.py)."""
-        return result_block(self.prediction, self.step_times, self.global_batch_size * self.seq_len, self.device)
+        tokens = self.global_batch_size * self.seq_len
+        return result_block(self.prediction, self.step_times, tokens, self.device, self._run_peak_gib)
 
     def _load_init_weights(self) -> None:
         from scaletrain.checkpoint.init_from import load_init_weights

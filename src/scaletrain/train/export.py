@@ -9,6 +9,10 @@ export may go; and reading it while its run may still be training.
   the checkpoint being exported or a directory that contains it.
 * A live run: the checkpoints folder is held for reading (store.reading), so the run's pruner deletes nothing until
   the export has read its checkpoint; a checkpoint removed by anything else meanwhile is one line, not a traceback.
+* Tokenizer: the one the run trained with (its config's data.tokenizer, else its default corpus's), or --tokenizer
+  FILE, goes into the export as tokenizer.json + tokenizer_config.json + generation_config.json
+  (checkpoint/hf/tokenizer_export.py). One whose sha256 or vocabulary differs from what the run's training data
+  was encoded with is never shipped: the export then holds the weights alone and its line says why.
 """
 
 from __future__ import annotations
@@ -21,9 +25,17 @@ from pathlib import Path
 
 from scaletrain.checkpoint import store
 from scaletrain.checkpoint.store import CheckpointError
+from scaletrain.data.indexed import DataError
 from scaletrain.train.rundir import LOCK_NAME, holds_run, live_owner
 
-__all__ = ["Source", "find_source", "target_problem", "final_step_note", "export"]
+__all__ = ["Source", "find_source", "target_problem", "final_step_note", "run_tokenizer", "export"]
+
+NO_CHECKPOINT_FIX = (
+    "`scaletrain train` saves the last step of a run that converges or uses up its step budget (unless "
+    "checkpoint.final=false; not after a divergence or a crash), `scaletrain bench` runs only with --set "
+    "checkpoint.interval_steps=N (which also saves after evaluations); train again to get one"
+)
+"""How a run gets a checkpoint to export (CheckpointConfig.final and the interval triggers); the message's fix."""
 
 
 @dataclass
@@ -42,11 +54,21 @@ class Source:
             return self.checkpoint
         found = store.complete_checkpoints(self.root) if self.root is not None else []
         if not found:
+            half = store.unpublished(self.root) if self.root is not None else []
+            held = f"only an unfinished save, {half[-1].name}" if half else "none"
             raise CheckpointError(
-                f"{self.given}: no complete checkpoint in {self.root} (a run saves them when checkpoint.interval_steps, "
-                "interval_minutes or dir is set, or on SIGTERM/SIGUSR1)"
+                f"{self.given}: no checkpoint to export ({self.root} holds {held}{self._ended()}); {NO_CHECKPOINT_FIX}"
             )
         return found[-1]
+
+    def _ended(self) -> str:
+        """How the run ended, from its result.json ("" when unknown): a diverged run explains its missing save."""
+        try:
+            result = json.loads((self.run_dir / "result.json").read_text()) if self.run_dir is not None else None
+        except (OSError, ValueError, RecursionError):
+            return ""
+        outcome = result.get("outcome") if isinstance(result, dict) else None
+        return f"; the run's outcome: {outcome}" if isinstance(outcome, str) and outcome.isprintable() else ""
 
 
 def find_source(given: str | Path) -> Source:
@@ -63,8 +85,21 @@ def find_source(given: str | Path) -> Source:
         return Source(path, path / "checkpoints", path, None)
     if store.complete_checkpoints(path) or store.unpublished(path):
         return Source(path, path, path.parent if path.name == "checkpoints" else None, None)
+    if holds_run(path) is not None:
+        # A run directory without checkpoints/: its checkpoint.dir elsewhere, else none was ever saved.
+        return Source(path, _checkpoint_dir(path) or path / "checkpoints", path, None)
     # Neither: verification names what is missing (no manifest, not a checkpoint).
     return Source(path, None, None, path)
+
+
+def _checkpoint_dir(run_dir: Path) -> Path | None:
+    """The checkpoint.dir that the run in `run_dir` recorded in its config.json, when it is set and exists."""
+    try:
+        cfg = json.loads((run_dir / "config.json").read_text())
+        where = cfg["checkpoint"]["dir"]
+    except (OSError, ValueError, RecursionError, KeyError, TypeError):
+        return None
+    return Path(where) if isinstance(where, str) and where and Path(where).is_dir() else None
 
 
 def _scaletrain_dir(path: Path) -> str | None:
@@ -126,9 +161,64 @@ def final_step_note(source: Source, step: int) -> str:
     return ""
 
 
-def export(given: str | Path, out: str | Path, overwrite: bool = False) -> str:
+def _dataset_tokenizer_sha(cfg) -> tuple[str | None, Path | None]:
+    """(sha256 of the tokenizer the run's training data was encoded with, its sidecar), (None, None) if unknown."""
+    from scaletrain.data.prepare import meta_path
+
+    try:
+        if cfg.data.format == "sft":
+            from scaletrain.data.sft_paths import resolve_paths
+        else:
+            from scaletrain.data.corpus import resolve_paths
+        sidecar = meta_path(resolve_paths(cfg.data)[0])
+        sha = json.loads(sidecar.read_text()).get("tokenizer_sha256")
+    except (OSError, ValueError, RecursionError, AttributeError, DataError):
+        return None, None
+    return (sha, sidecar) if isinstance(sha, str) else (None, None)
+
+
+def run_tokenizer(cfg, given: str | Path | None = None):
+    """(Tokenizer, "") of the run whose Config is `cfg`: `given`, else its data.tokenizer, else its default corpus's;
+    (None, why not) when there is none to ship. Never one other than the run's data was encoded with (sha256) or
+    with another vocabulary than the model's. CheckpointError for a `given` file that is unreadable or not the
+    run's: the user asked for it by name."""
+    from scaletrain.data.tokenizer import Tokenizer
+
+    try:
+        if given is not None:
+            path: Path | None = Path(given)
+        elif cfg.data.format == "sft":
+            from scaletrain.data.sft_paths import resolve_paths
+
+            path = resolve_paths(cfg.data)[2]
+        else:
+            from scaletrain.data.corpus import resolve_paths
+
+            path = resolve_paths(cfg.data)[2]
+        if path is None:
+            return None, "the run's datasets name no tokenizer (data.tokenizer is empty)"
+        tok = Tokenizer(path)
+    except DataError as exc:
+        if given is not None:
+            raise CheckpointError(f"--tokenizer {given}: {exc}") from None
+        return None, str(exc)
+    sha, sidecar = _dataset_tokenizer_sha(cfg)
+    if sha is not None and sha != tok.sha256:
+        why = f"{tok.path} is not the tokenizer {sidecar} was encoded with (sha256 {tok.sha256[:12]}, not {sha[:12]})"
+    elif tok.vocab_size != cfg.model.vocab_size:
+        why = f"{tok.path} has {tok.vocab_size} tokens, the model was trained with model.vocab_size={cfg.model.vocab_size}"
+    else:
+        return tok, ""
+    if given is not None:
+        raise CheckpointError(f"--tokenizer {given}: {why}")
+    return None, why
+
+
+def export(given: str | Path, out: str | Path, overwrite: bool = False, tokenizer: str | Path | None = None) -> str:
     """Export `given` (see find_source) as a Hugging Face directory `out`; returns the line to print.
 
+    The export holds the run's tokenizer (run_tokenizer; `tokenizer` names one instead) as tokenizer.json,
+    tokenizer_config.json and generation_config.json, or the line says why it has none.
     Under torchrun every rank reads and writes only its own shards (init_from.export_sharded); the others return "".
     CheckpointError (one line) for a refused target, a missing or damaged checkpoint, or one removed while read.
     """
@@ -140,17 +230,36 @@ def export(given: str | Path, out: str | Path, overwrite: bool = False) -> str:
     problem = cwd_problem(Path(out)) or target_problem(out, source) or export_target_problem(Path(out), overwrite)
     if problem:
         raise CheckpointError(f"export: {problem}")
+    if tokenizer is not None and not Path(tokenizer).is_file():
+        raise CheckpointError(f"--tokenizer {tokenizer}: no such file")
     holder = store.reading(source.root) if source.root is not None else contextlib.nullcontext()
+    missing: list[str] = []
+
+    def tokenizer_files(cfg) -> dict[str, bytes] | None:
+        from scaletrain.checkpoint.hf.tokenizer_export import tokenizer_files as files_of
+
+        tok, why = run_tokenizer(cfg, tokenizer)
+        if tok is None:
+            missing.append(why)
+            return None
+        try:
+            return files_of(tok, cfg.model.seq_len)
+        except (ValueError, OSError) as exc:
+            if tokenizer is not None:
+                raise CheckpointError(f"--tokenizer {tokenizer}: {exc}") from None
+            missing.append(str(exc))
+            return None
+
     with holder:
         path = source.newest()
         existed = path.exists()
         try:
             if launched_world_size() > 1:
-                cfg, written, rank = _export_sharded(path, Path(out), overwrite)
+                cfg, written, rank = _export_sharded(path, Path(out), overwrite, tokenizer_files)
                 if rank:
                     return ""
             else:
-                cfg, written = _export_one(path, Path(out), overwrite)
+                cfg, written = _export_one(path, Path(out), overwrite, tokenizer_files)
         except (CheckpointError, OSError) as exc:
             if existed and not path.exists():
                 raise CheckpointError(
@@ -166,9 +275,14 @@ def export(given: str | Path, out: str | Path, overwrite: bool = False) -> str:
     from scaletrain.model.spec import model_spec
 
     hf_class = model_spec(cfg.model.arch).hf_class
+    line = f"exported step {step} of {source.given}{final_step_note(source, step)}: {path} -> {written} "
+    if missing:
+        return line + (
+            f"(load with transformers.{hf_class}.from_pretrained; no tokenizer: {missing[0]}; "
+            "pass --tokenizer FILE, the .model or tokenizer.json the run trained with)"
+        )
     return (
-        f"exported step {step} of {source.given}{final_step_note(source, step)}: {path} -> {written} "
-        f"(load with transformers.{hf_class}.from_pretrained)"
+        line + f"with its tokenizer (load with transformers.AutoTokenizer and transformers.{hf_class}.from_pretrained)"
     )
 
 
@@ -178,7 +292,7 @@ def _step_of(path: Path) -> int:
     return step if isinstance(step, int) else -1
 
 
-def _export_one(path: Path, out: Path, overwrite: bool):
+def _export_one(path: Path, out: Path, overwrite: bool, extra_files):
     from scaletrain.checkpoint.hf import export_hf
     from scaletrain.checkpoint.init_from import load_full_model
 
@@ -188,18 +302,19 @@ def _export_one(path: Path, out: Path, overwrite: bool):
         from scaletrain.model.lora import merge_lora
 
         merge_lora(model)
+    files = extra_files(cfg)
     try:
-        return cfg, export_hf(model.state_dict(), cfg.model, out, overwrite=overwrite)
+        return cfg, export_hf(model.state_dict(), cfg.model, out, overwrite=overwrite, extra_files=files)
     except ValueError as exc:
         raise CheckpointError(str(exc)) from None
 
 
-def _export_sharded(path: Path, out: Path, overwrite: bool):
+def _export_sharded(path: Path, out: Path, overwrite: bool, extra_files):
     import torch
 
     from scaletrain.checkpoint.init_from import export_sharded
     from scaletrain.train.distributed import init_distributed
 
     rank, _ = init_distributed(torch.device("cpu"))
-    cfg, written = export_sharded(path, out, overwrite)
+    cfg, written = export_sharded(path, out, overwrite, extra_files)
     return cfg, written, rank

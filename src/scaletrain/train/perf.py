@@ -225,11 +225,14 @@ def start_run(trainer) -> dict | None:
     return doc
 
 
-def result_block(prediction: dict | None, step_times: list[float], tokens_per_step: int, device) -> dict:
-    """result.json's {"predicted_vs_measured": ...} (`run_prediction.compare`) with this rank's peak memory."""
+def result_block(
+    prediction: dict | None, step_times: list[float], tokens_per_step: int, device, peak: float | None = None
+) -> dict:
+    """result.json's {"predicted_vs_measured": ...} (`run_prediction.compare`) with this rank's peak memory (`peak`
+    GiB when the caller read it earlier, else now)."""
     from scaletrain.train.host import peak_memory_gib
 
-    peak = peak_memory_gib(device)
+    peak = peak_memory_gib(device) if peak is None else peak
     return {"predicted_vs_measured": run_prediction.compare(prediction, step_times, tokens_per_step, peak)}
 
 

@@ -45,15 +45,21 @@ def importer(model_type: object):
 
 
 def export_hf(
-    state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dtype=torch.float32, overwrite: bool = False
+    state_dict: dict[str, torch.Tensor],
+    cfg: ModelConfig,
+    out_dir,
+    dtype=torch.float32,
+    overwrite: bool = False,
+    extra_files: dict[str, bytes] | None = None,
 ) -> Path:
     """Write a full (unsharded) state dict as the Hugging Face directory of its architecture; returns its path.
 
     `out_dir` must be new or empty; `overwrite` lets an existing directory's export files be replaced (others stay).
+    `extra_files`: further files of the export, name -> bytes (tokenizer_export.tokenizer_files).
 
     gpt3 becomes `GPT2LMHeadModel`, llama `LlamaForCausalLM` (see gpt2.py / llama.py for the conversions).
     """
     adapter = model_spec(cfg.arch).hf_adapter
     if adapter not in CONVERTERS:
         raise ValueError(f"model.arch={cfg.arch!r} has no Hugging Face converter")
-    return CONVERTERS[adapter][0](state_dict, cfg, out_dir, dtype, overwrite)
+    return CONVERTERS[adapter][0](state_dict, cfg, out_dir, dtype, overwrite, extra_files)

@@ -158,10 +158,16 @@ def fsync_path(path: Path) -> None:
 
 
 def publish_hf_dir(
-    out_dir: Path, config: dict, tensors: dict[str, torch.Tensor], who: str, overwrite: bool = False
+    out_dir: Path,
+    config: dict,
+    tensors: dict[str, torch.Tensor],
+    who: str,
+    overwrite: bool = False,
+    extra_files: dict[str, bytes] | None = None,
 ) -> Path:
-    """Write config.json + model.safetensors into `out_dir`: a new or empty directory gets the whole export at once
-    (a temp dir swapped in by rename); an existing export only with `overwrite`, file by file (see swap_in).
+    """Write config.json + model.safetensors (+ `extra_files`, e.g. the tokenizer's: name -> bytes) into `out_dir`:
+    a new or empty directory gets the whole export at once (a temp dir swapped in by rename); an existing export
+    only with `overwrite`, file by file (see swap_in).
 
     Never deletes a directory: see new_tmp_dir for what is refused.
     """
@@ -169,10 +175,12 @@ def publish_hf_dir(
 
     tmp = new_tmp_dir(out_dir, who, overwrite)
     try:
+        config = with_token_ids(config, extra_files)
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         # transformers 4.x refuses safetensors files without a "format" entry in their metadata.
         st.save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        for name in ("config.json", "model.safetensors"):
+        write_extra_files(tmp, extra_files)
+        for name in ("config.json", "model.safetensors", *(extra_files or {})):
             fsync_path(tmp / name)
         swap_in(tmp, out_dir, who, overwrite)
     except BaseException:
@@ -181,9 +189,29 @@ def publish_hf_dir(
     return out_dir
 
 
-# Every name an export writes (single file or sharded like save_pretrained): --overwrite replaces these, nothing else.
+def with_token_ids(config: dict, extra_files: dict[str, bytes] | None) -> dict:
+    """config.json's dict with the bos/eos/pad ids of the export's generation_config.json, when it has one."""
+    generation = (extra_files or {}).get("generation_config.json")
+    if generation is None:
+        return config
+    ids = json.loads(generation)
+    return {**config, **{k: ids[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in ids}}
+
+
+def write_extra_files(directory: Path, extra_files: dict[str, bytes] | None) -> None:
+    """Write an export's further files (plain names that _EXPORT_FILE lists) into its temporary directory."""
+    for name, data in (extra_files or {}).items():
+        if not _EXPORT_FILE.match(name):  # a name --overwrite would not replace, or a path: a caller's bug
+            raise ValueError(f"export: {name!r} is not a file name an export writes")
+        (directory / name).write_bytes(data)
+
+
+# Every name an export writes (single file or sharded like save_pretrained, and the tokenizer's files): --overwrite
+# replaces these, nothing else; of an earlier export's weight files, those this one does not write are removed.
+_WEIGHT_FILE = re.compile(r"^(model\.safetensors|model\.safetensors\.index\.json|model-\d{5}-of-\d{5}\.safetensors)$")
 _EXPORT_FILE = re.compile(
-    r"^(config\.json|model\.safetensors|model\.safetensors\.index\.json|model-\d{5}-of-\d{5}\.safetensors)$"
+    r"^(config\.json|model\.safetensors|model\.safetensors\.index\.json|model-\d{5}-of-\d{5}\.safetensors"
+    r"|tokenizer\.json|tokenizer_config\.json|generation_config\.json)$"
 )
 
 
@@ -248,7 +276,7 @@ def swap_in(tmp: Path, out_dir: Path, who: str = "export_hf", overwrite: bool = 
     """Put the complete export `tmp` (files already fsynced) in place of `out_dir`, deleting no directory.
 
     A missing or empty `out_dir` is replaced by `tmp` in one rename (a reader sees the whole export or nothing).
-    With `overwrite` a non-empty `out_dir` gets each file by its own rename (os.replace), then loses the export
+    With `overwrite` a non-empty `out_dir` gets each file by its own rename (os.replace), then loses the weight
     files of an earlier, differently sharded export; every other file in it stays.
     """
     fsync_path(tmp)
@@ -263,7 +291,8 @@ def swap_in(tmp: Path, out_dir: Path, who: str = "export_hf", overwrite: bool = 
         for name in sorted(names, key=lambda n: n == "config.json"):
             os.replace(tmp / name, real / name)
         for stale in real.iterdir():
-            if _EXPORT_FILE.match(stale.name) and stale.name not in names and stale.is_file():
+            # Weights only: a tokenizer file that this export lacks (none found) may be one the user put there.
+            if _WEIGHT_FILE.match(stale.name) and stale.name not in names and stale.is_file():
                 stale.unlink()
         fsync_path(real)
         tmp.rmdir()

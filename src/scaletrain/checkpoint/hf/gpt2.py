@@ -100,7 +100,7 @@ def _hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
         "add_cross_attention": False,
         "tie_word_embeddings": True,
         "use_cache": True,
-        # No tokenizer travels with the weights, so there are no special token ids to claim.
+        # Set from generation_config.json when the export carries the run's tokenizer (common.with_token_ids).
         "bos_token_id": None,
         "eos_token_id": None,
         "pad_token_id": None,
@@ -111,7 +111,12 @@ def _hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
 
 
 def export_gpt2_hf(
-    state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dtype=torch.float32, overwrite: bool = False
+    state_dict: dict[str, torch.Tensor],
+    cfg: ModelConfig,
+    out_dir,
+    dtype=torch.float32,
+    overwrite: bool = False,
+    extra_files: dict[str, bytes] | None = None,
 ) -> Path:
     """Write a full (unsharded) scaletrain gpt3 state dict as a Hugging Face GPT-2 directory; returns its path.
 
@@ -155,7 +160,7 @@ def export_gpt2_hf(
     put("transformer.ln_f.weight", sd["ln_f.weight"])
     put("transformer.ln_f.bias", sd["ln_f.bias"])
 
-    return publish_hf_dir(Path(out_dir), _hf_config(cfg, dtype), out, "export_hf", overwrite)
+    return publish_hf_dir(Path(out_dir), _hf_config(cfg, dtype), out, "export_hf", overwrite, extra_files)
 
 
 def gpt2_config(path: Path) -> ModelConfig:

@@ -137,6 +137,7 @@ def _hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
         "rope_theta": rope.theta,
         "rope_scaling": rope_scaling,
         "rope_parameters": rope_parameters,
+        # Set from generation_config.json when the export carries the run's tokenizer (common.with_token_ids).
         "bos_token_id": None,
         "eos_token_id": None,
         "pad_token_id": None,
@@ -149,7 +150,12 @@ def _hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
 
 
 def export_llama_hf(
-    state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir, dtype=torch.float32, overwrite: bool = False
+    state_dict: dict[str, torch.Tensor],
+    cfg: ModelConfig,
+    out_dir,
+    dtype=torch.float32,
+    overwrite: bool = False,
+    extra_files: dict[str, bytes] | None = None,
 ) -> Path:
     """Write a full (unsharded) scaletrain llama state dict as a Hugging Face Llama directory; returns its path.
 
@@ -182,7 +188,7 @@ def export_llama_hf(
         put(hf + "mlp.up_proj.weight", fc[1::2])
     put("model.norm.weight", sd["ln_f.weight"])
     put("lm_head.weight", sd["head.weight"])
-    return publish_hf_dir(Path(out_dir), _hf_config(cfg, dtype), out, "export_llama_hf", overwrite)
+    return publish_hf_dir(Path(out_dir), _hf_config(cfg, dtype), out, "export_llama_hf", overwrite, extra_files)
 
 
 def _rope(hf: dict, cfg_file) -> Rope:

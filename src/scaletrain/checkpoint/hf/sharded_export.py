@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from scaletrain.checkpoint.hf.common import fsync_path, new_tmp_dir, swap_in
+from scaletrain.checkpoint.hf.common import fsync_path, new_tmp_dir, swap_in, with_token_ids, write_extra_files
 from scaletrain.checkpoint.hf.sharded import RowMap, hf_shapes, local_block, model_tensors, row_maps, runs
 from scaletrain.config import ModelConfig
 
@@ -99,14 +99,19 @@ def _write_local(
 
 
 def export_hf_sharded(
-    parts: list[torch.nn.Module], cfg: ModelConfig, out_dir, dtype=torch.float32, overwrite: bool = False
+    parts: list[torch.nn.Module],
+    cfg: ModelConfig,
+    out_dir,
+    dtype=torch.float32,
+    overwrite: bool = False,
+    extra_files: dict[str, bytes] | None = None,
 ) -> tuple[Path, int]:
     """Write this rank's shards of a (sharded) model as part of a Hugging Face directory; every rank calls it.
 
     Returns (the directory, bytes of tensor data this rank wrote). The result holds the same tensors as
     `export_hf(full_state_dict, cfg, out_dir, dtype)`, split into one file per rank. ValueError for a model
     without a converter or a non-floating dtype; FileExistsError when `out_dir` is refused: it must be new or
-    empty unless `overwrite` (common.export_target_problem).
+    empty unless `overwrite` (common.export_target_problem). Rank 0 writes `extra_files` (name -> bytes).
     """
     import torch.distributed as dist
 
@@ -140,7 +145,9 @@ def export_hf_sharded(
         try:
             tmp = new_tmp_dir(out_dir, "export_hf", overwrite)
             hf_config = (llama_mod._hf_config if adapter == "llama" else gpt2_mod._hf_config)(cfg, dtype)
+            hf_config = with_token_ids(hf_config, extra_files)
             (tmp / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+            write_extra_files(tmp, extra_files)
             if len(files) > 1:
                 total = sum(max(end for _, end in offs.values()) for _, offs in headers.values())
                 index = {"metadata": {"total_size": total}, "weight_map": {n: f for f, ns in files.items() for n in ns}}
@@ -180,7 +187,8 @@ def export_hf_sharded(
     if distributed:
         dist.barrier()
     if rank == 0:
-        for file in [*files, "config.json", *(["model.safetensors.index.json"] if len(files) > 1 else [])]:
+        index_file = ["model.safetensors.index.json"] if len(files) > 1 else []
+        for file in [*files, "config.json", *index_file, *(extra_files or {})]:
             fsync_path(tmp / file)
         swap_in(tmp, out_dir, "export_hf", overwrite)
     if distributed:
