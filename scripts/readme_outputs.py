@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Keep every command output shown in README.md equal to what the command prints now.
+"""Keep every command output shown in README.md and the docs/ pages equal to what the command prints now.
 
 An output block is a fenced code block whose first line is `$ COMMAND`: each `$` line (with `\\` continuation
 lines) is a command, and the lines up to the next `$` line are what it prints (stdout and stderr together, in
@@ -10,9 +10,12 @@ of a long output); at most one per command.
     python3 scripts/readme_outputs.py --check            # exit 1 and a diff when a block is stale
     python3 scripts/readme_outputs.py --update           # rewrite the deterministic blocks in place
     python3 scripts/readme_outputs.py --update --timed   # also re-run the timed ones (benchmarks, minutes)
+    python3 scripts/readme_outputs.py --check docs/accuracy.md   # only the pages named
 
-Timed blocks (`scaletrain bench`, `benchmarks/*.py`: their numbers are wall-clock measurements) are skipped
-unless --timed. Commands run from the repository root with this checkout's `src/` first on PYTHONPATH, a leading
+The pages are README.md and every docs/**/*.md. Timed blocks (`scaletrain bench`, `benchmarks/*.py`,
+`sim validate --cv`, or any block under a line that starts "Measured on": their numbers are wall-clock
+measurements) are skipped unless --timed, and each must say the machine it was measured on in the last non-blank
+line above its fence, a line starting "Measured on" (--check fails on one that does not). Commands run from the repository root with this checkout's `src/` first on PYTHONPATH, a leading
 `scaletrain` run as `python3 -m scaletrain`, `COLUMNS=120` (rich tables wrap to the terminal width) and unbuffered
 output. The only normalisations: trailing whitespace on each line and trailing blank lines are dropped, and this
 checkout's absolute path is written as `.`.
@@ -33,6 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+MEASURED_ON = "Measured on"
 ELLIPSIS = "..."
 WIDTH = 120
 # Outputs that are measurements (wall-clock timings): regenerated only on request.
@@ -69,6 +74,13 @@ class Block:
     start: int
     end: int
     commands: list[Command]
+    measured_on: str = ""
+    """The "Measured on ..." line above the block's fence, if there is one."""
+
+    @property
+    def timed(self) -> bool:
+        """True for a block whose outputs are measurements: a timed command, or a "Measured on" line above it."""
+        return bool(self.measured_on) or any(c.timed for c in self.commands)
 
     @property
     def title(self) -> str:
@@ -85,13 +97,16 @@ def parse_blocks(lines: list[str]) -> list[Block]:
         if not m:
             i += 1
             continue
-        end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith(m.group(1))
-                    and not lines[j].strip("`")), len(lines))
-        body = lines[i + 1:end]
+        end = next(
+            (j for j in range(i + 1, len(lines)) if lines[j].startswith(m.group(1)) and not lines[j].strip("`")),
+            len(lines),
+        )
+        body = lines[i + 1 : end]
         if body and body[0].startswith("$ "):
             commands = _commands(body)
             if any(c.shown for c in commands):
-                blocks.append(Block(i + 1, end, commands))
+                above = next((lines[j].strip() for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+                blocks.append(Block(i + 1, end, commands, above if above.startswith(MEASURED_ON) else ""))
         i = end + 1
     return blocks
 
@@ -125,14 +140,21 @@ def run(command: str, timeout_s: float = 600.0) -> list[str]:
     """Run one README command from the repository root; its stdout and stderr, in order, normalised."""
     argv = command
     if argv.startswith("scaletrain "):
-        argv = f"{sys.executable} -m scaletrain {argv[len('scaletrain '):]}"
+        argv = f"{sys.executable} -m scaletrain {argv[len('scaletrain ') :]}"
     elif argv.startswith("python3 "):
-        argv = f"{sys.executable} {argv[len('python3 '):]}"
+        argv = f"{sys.executable} {argv[len('python3 ') :]}"
     env = dict(os.environ, COLUMNS=str(WIDTH), LINES="50", PYTHONUNBUFFERED="1", TERM="dumb")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
     env.pop("FORCE_COLOR", None)
-    proc = subprocess.run(["bash", "-c", argv], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=timeout_s)
+    proc = subprocess.run(
+        ["bash", "-c", argv],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout_s,
+    )
     return normalize(proc.stdout)
 
 
@@ -149,9 +171,13 @@ def matches(shown: list[str], actual: list[str]) -> bool:
     if ELLIPSIS not in shown:
         return shown == actual
     k = shown.index(ELLIPSIS)
-    head, tail = shown[:k], shown[k + 1:]
-    return (ELLIPSIS not in tail and len(head) + len(tail) <= len(actual) and actual[:len(head)] == head
-            and actual[len(actual) - len(tail):] == tail)
+    head, tail = shown[:k], shown[k + 1 :]
+    return (
+        ELLIPSIS not in tail
+        and len(head) + len(tail) <= len(actual)
+        and actual[: len(head)] == head
+        and actual[len(actual) - len(tail) :] == tail
+    )
 
 
 def refreshed(shown: list[str], actual: list[str]) -> list[str]:
@@ -163,12 +189,33 @@ def refreshed(shown: list[str], actual: list[str]) -> list[str]:
     tail = len(shown) - head - 1
     if head + tail >= len(actual):
         return actual
-    return [*actual[:head], ELLIPSIS, *(actual[len(actual) - tail:] if tail else [])]
+    return [*actual[:head], ELLIPSIS, *(actual[len(actual) - tail :] if tail else [])]
 
 
 def selected(blocks: list[Block], timed: bool) -> list[Block]:
     """The blocks to run: all of them with `timed`, else those without a timed command."""
-    return [b for b in blocks if timed or not any(c.timed for c in b.commands)]
+    return [b for b in blocks if timed or not b.timed]
+
+
+def pages() -> list[Path]:
+    """Every page whose output blocks are kept current: README.md, then docs/**/*.md in name order."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def unlabelled(page: Path) -> list[str]:
+    """One line per timed block of `page` that does not say the machine it was measured on."""
+    return [
+        f'{_name(page)}:{b.start}: timed block `$ {b.title}` has no "{MEASURED_ON} ..." line above it'
+        for b in parse_blocks(page.read_text().splitlines())
+        if b.timed and not b.measured_on
+    ]
+
+
+def _name(page: Path) -> str:
+    try:
+        return str(page.resolve().relative_to(ROOT))
+    except ValueError:
+        return page.name
 
 
 def run_blocks(blocks: list[Block], jobs: int = 2) -> dict[tuple[int, int], list[str]]:
@@ -179,38 +226,67 @@ def run_blocks(blocks: list[Block], jobs: int = 2) -> dict[tuple[int, int], list
         return dict(zip(keys, outs))
 
 
-def check(readme: Path = README, timed: bool = False, jobs: int = 2) -> list[str]:
-    """A unified diff per stale command output; empty when every selected block is current."""
-    blocks = selected(parse_blocks(readme.read_text().splitlines()), timed)
-    actual = run_blocks(blocks, jobs)
+def _as_pages(readme: Path | list[Path] | None) -> list[Path]:
+    if readme is None:
+        return pages()
+    return [readme] if isinstance(readme, Path) else list(readme)
+
+
+def _run_pages(paths: list[Path], timed: bool, jobs: int) -> list[tuple[Path, list[Block], dict]]:
+    """Each page with its selected blocks and their outputs; the commands of all pages share one pool."""
+    per_page = [(p, selected(parse_blocks(p.read_text().splitlines()), timed)) for p in paths]
+    every = [b for _, blocks in per_page for b in blocks]
+    actual = run_blocks(every, jobs)
+    out, k = [], 0
+    for path, blocks in per_page:
+        out.append(
+            (
+                path,
+                blocks,
+                {(bi, ci): actual[k + bi, ci] for bi, b in enumerate(blocks) for ci in range(len(b.commands))},
+            )
+        )
+        k += len(blocks)
+    return out
+
+
+def check(readme: Path | list[Path] | None = README, timed: bool = False, jobs: int = 2) -> list[str]:
+    """A unified diff per stale command output of the pages (None: all of them); empty when every selected block
+    is current."""
     problems = []
-    for bi, block in enumerate(blocks):
-        for ci, cmd in enumerate(block.commands):
-            if not matches(cmd.shown, actual[bi, ci]):
-                diff = difflib.unified_diff(cmd.shown, refreshed(cmd.shown, actual[bi, ci]),
-                                            f"{readme.name}:{block.start + 1} (shown)", f"$ {cmd.text} (now)",
-                                            lineterm="")
-                problems.append("\n".join(diff))
+    for path, blocks, actual in _run_pages(_as_pages(readme), timed, jobs):
+        for bi, block in enumerate(blocks):
+            for ci, cmd in enumerate(block.commands):
+                if not matches(cmd.shown, actual[bi, ci]):
+                    diff = difflib.unified_diff(
+                        cmd.shown,
+                        refreshed(cmd.shown, actual[bi, ci]),
+                        f"{_name(path)}:{block.start + 1} (shown)",
+                        f"$ {cmd.text} (now)",
+                        lineterm="",
+                    )
+                    problems.append("\n".join(diff))
     return problems
 
 
-def update(readme: Path = README, timed: bool = False, jobs: int = 2) -> int:
-    """Rewrite the stale output blocks of `readme` in place; returns how many command outputs changed."""
-    lines = readme.read_text().splitlines()
-    blocks = selected(parse_blocks(lines), timed)
-    actual = run_blocks(blocks, jobs)
+def update(readme: Path | list[Path] | None = README, timed: bool = False, jobs: int = 2) -> int:
+    """Rewrite the stale output blocks of the pages (None: all of them) in place; returns how many command outputs
+    changed."""
     changed = 0
-    for bi in reversed(range(len(blocks))):  # from the end, so earlier line numbers stay valid
-        block, body = blocks[bi], []
-        for ci, cmd in enumerate(block.commands):
-            out = actual[bi, ci]
-            if matches(cmd.shown, out):
-                body += [*cmd.source, *cmd.shown]
-            else:
-                body += [*cmd.source, *refreshed(cmd.shown, out)]
-                changed += 1
-        lines[block.start:block.end] = body
-    readme.write_text("\n".join(lines) + "\n")
+    for path, blocks, actual in _run_pages(_as_pages(readme), timed, jobs):
+        lines = path.read_text().splitlines()
+        for bi in reversed(range(len(blocks))):  # from the end, so earlier line numbers stay valid
+            block, body = blocks[bi], []
+            for ci, cmd in enumerate(block.commands):
+                out = actual[bi, ci]
+                if matches(cmd.shown, out):
+                    body += [*cmd.source, *cmd.shown]
+                else:
+                    body += [*cmd.source, *refreshed(cmd.shown, out)]
+                    changed += 1
+            lines[block.start : block.end] = body
+        if blocks:
+            path.write_text("\n".join(lines) + "\n")
     return changed
 
 
@@ -222,26 +298,33 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--check", action="store_true", help="exit 1 with a diff when a README output is stale")
     mode.add_argument("--update", action="store_true", help="rewrite stale README outputs in place")
     p.add_argument("--timed", action="store_true", help="include timed blocks (benchmarks; minutes)")
-    p.add_argument("--readme", type=Path, default=README, help="the file to check (default README.md)")
+    p.add_argument("pages", nargs="*", type=Path, help="pages to check (default README.md and docs/**/*.md)")
+    p.add_argument("--readme", type=Path, action="append", help="a page to check (same as naming it; repeatable)")
     p.add_argument("--jobs", type=int, default=2, help="commands run at a time (default 2)")
     args = p.parse_args(argv)
-    blocks = parse_blocks(args.readme.read_text().splitlines())
+    paths = [*args.pages, *(args.readme or [])] or pages()
+    for path in paths:
+        if not path.is_file():
+            p.error(f"{path}: no such page")
     if args.list:
-        for b in blocks:
-            kind = "timed" if any(c.timed for c in b.commands) else "checked"
-            print(f"line {b.start}: {kind}: " + " | ".join(c.text for c in b.commands))
+        for path in paths:
+            for b in parse_blocks(path.read_text().splitlines()):
+                kind = "timed" if b.timed else "checked"
+                print(f"{_name(path)}:{b.start}: {kind}: " + " | ".join(c.text for c in b.commands))
         return 0
     t0 = time.perf_counter()
     if args.check:
-        problems = check(args.readme, args.timed, args.jobs)
+        problems = [*(line for path in paths for line in unlabelled(path)), *check(paths, args.timed, args.jobs)]
         for problem in problems:
             print(problem)
-        n = len(selected(blocks, args.timed))
-        print(f"{args.readme.name}: {n} output blocks run, {len(problems)} stale outputs "
-              f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+        n = sum(len(selected(parse_blocks(path.read_text().splitlines()), args.timed)) for path in paths)
+        print(
+            f"{len(paths)} pages: {n} output blocks run, {len(problems)} problems ({time.perf_counter() - t0:.0f} s)",
+            file=sys.stderr,
+        )
         return 1 if problems else 0
-    changed = update(args.readme, args.timed, args.jobs)
-    print(f"{args.readme.name}: {changed} outputs rewritten ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    changed = update(paths, args.timed, args.jobs)
+    print(f"{len(paths)} pages: {changed} outputs rewritten ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     return 0
 
 
