@@ -49,6 +49,7 @@ from scaletrain.sim.catalog import mfu_peak
 from scaletrain.sim.compute import layer_gemms
 from scaletrain.sim.efficiency import GENERATION
 from scaletrain.sim.workload import ClusterLayout, load_workload
+from scaletrain.train.cpu_bf16 import bf16_gemm_context, gemm_mode
 from scaletrain.train.host import peak_memory_gib, setup_cpu
 from scaletrain.train.optim import build_optimizer
 
@@ -131,7 +132,8 @@ def environment(device: torch.device) -> dict:
     env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else
            (platform.processor() or platform.machine()), "torch": torch.__version__, "cuda": torch.version.cuda,
            "python": platform.python_version(), "threads": torch.get_num_threads(), "fp8_module": FP8_ERROR is None,
-           "fp8_native": FP8_ERROR is None and fp8_supported(device), "fp8_error": FP8_ERROR}
+           "fp8_native": FP8_ERROR is None and fp8_supported(device), "fp8_error": FP8_ERROR,
+           "cpu_bf16_gemm": gemm_mode() if device.type == "cpu" else None}
     peak = peak_tflops(device)
     env["dense_bf16_peak"] = {"key": peak[0], "tflops": peak[1]} if peak else None
     if device.type == "cuda":
@@ -450,7 +452,9 @@ def main(argv: list[str] | None = None) -> int:
         """Run one phase; on failure record the error and go on (the GPU run is one prepared call), then save."""
         t0 = time.perf_counter()
         try:
-            fn()
+            # A CPU without bf16 GEMMs runs them as fp32 arithmetic on bf16 operands, as the trainer does there.
+            with bf16_gemm_context(device, "bf16"):
+                fn()
         except Exception as exc:  # noqa: BLE001 - reported in the JSON and the table, not raised
             import traceback
             res["errors"][name] = "".join(traceback.format_exception_only(type(exc), exc)).strip()

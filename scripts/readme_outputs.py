@@ -219,11 +219,17 @@ def _name(page: Path) -> str:
 
 
 def run_blocks(blocks: list[Block], jobs: int = 2) -> dict[tuple[int, int], list[str]]:
-    """(block index, command index) -> actual output, commands run `jobs` at a time."""
+    """(block index, command index) -> actual output: the deterministic commands `jobs` at a time, then the timed
+    ones one by one in page order (a measurement needs the machine to itself, and a tutorial's steps build on the
+    previous ones)."""
     keys = [(bi, ci) for bi, b in enumerate(blocks) for ci in range(len(b.commands))]
+    free = [k for k in keys if not blocks[k[0]].timed]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        outs = pool.map(lambda k: run(blocks[k[0]].commands[k[1]].text), keys)
-        return dict(zip(keys, outs))
+        outs = dict(zip(free, pool.map(lambda k: run(blocks[k[0]].commands[k[1]].text), free)))
+    for k in keys:
+        if blocks[k[0]].timed:
+            outs[k] = run(blocks[k[0]].commands[k[1]].text, timeout_s=3600.0)
+    return outs
 
 
 def _as_pages(readme: Path | list[Path] | None) -> list[Path]:
