@@ -24,6 +24,7 @@ import torch
 from scaletrain.config import resolve
 from scaletrain.model.gpt import GPT
 from scaletrain.model.loss import loss_sum
+from scaletrain.train.cpu_bf16 import bf16_gemm_context, gemm_mode
 from scaletrain.train.host import setup_cpu
 from scaletrain.train.optim import build_optimizer
 
@@ -46,10 +47,12 @@ def time_steps(model, forward, optim_cfg, x, y, dtype: str, steps: int) -> float
     times = []
     for i in range(steps + 2):
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
-            logits = forward(model, x)
-        loss = loss_sum(logits, y) / y.numel()
-        loss.backward()
+        # Both models get what a scaletrain run gets on this CPU: bf16 GEMMs as fp32 arithmetic where it has none.
+        with bf16_gemm_context(torch.device("cpu"), dtype):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+                logits = forward(model, x)
+            loss = loss_sum(logits, y) / y.numel()
+            loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if i >= 2:
@@ -104,7 +107,7 @@ def main() -> None:
     loader_tps, source = loader_tokens_per_s(cfg, b)
 
     shape = f"{m.n_layers}L d{m.d_model} {m.n_heads}h seq{m.seq_len} vocab{m.padded_vocab} batch {b}"
-    print(f"CPU training throughput, {args.preset} ({shape}), {args.threads} threads, AdamW")
+    print(f"CPU training throughput, {args.preset} ({shape}), {args.threads} threads, AdamW, bf16 GEMMs {gemm_mode()}")
     print(f"{'dtype':6s} {'scaletrain tok/s':>17s} {'HF GPT-2 tok/s':>15s} {'ratio':>7s}")
     for r in rows:
         print(f"{r['dtype']:6s} {r['scaletrain_tokens_per_s']:17,.0f} {r['hf_gpt2_tokens_per_s']:15,.0f} "
@@ -112,7 +115,7 @@ def main() -> None:
     print(f"data loader alone ({source}): {loader_tps:,.0f} tokens/s")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"preset": args.preset, "shape": shape, "threads": args.threads,
+    out.write_text(json.dumps({"preset": args.preset, "shape": shape, "threads": args.threads, "bf16_gemm": gemm_mode(),
                                "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
                                "rows": rows, "loader_tokens_per_s": loader_tps, "loader_source": source},
                               indent=2) + "\n")
