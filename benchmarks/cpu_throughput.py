@@ -31,6 +31,7 @@ from scaletrain.train.optim import build_optimizer
 
 def hf_gpt2(cfg):
     """transformers GPT2LMHeadModel with the gpt3 architecture at cfg's shape (tied head, gelu_new, no dropout)."""
+    import scaletrain.model.fp8  # noqa: F401  (torchao imported with its CPU-build noise filtered, before transformers)
     from transformers import GPT2Config, GPT2LMHeadModel
     hf_cfg = GPT2Config(vocab_size=cfg.padded_vocab, n_positions=cfg.seq_len, n_embd=cfg.d_model,
                         n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.ffn_size,
