@@ -31,8 +31,10 @@ from scaletrain.train.optim import build_optimizer
 
 def hf_gpt2(cfg):
     """transformers GPT2LMHeadModel with the gpt3 architecture at cfg's shape (tied head, gelu_new, no dropout)."""
-    import scaletrain.model.fp8  # noqa: F401  (torchao imported with its CPU-build noise filtered, before transformers)
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from scaletrain.model.fp8 import _quiet_import
+
+    with _quiet_import():  # transformers imports torchao, whose CPU-build log lines say nothing to act on
+        from transformers import GPT2Config, GPT2LMHeadModel
     hf_cfg = GPT2Config(vocab_size=cfg.padded_vocab, n_positions=cfg.seq_len, n_embd=cfg.d_model,
                         n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.ffn_size,
                         activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
