@@ -128,8 +128,7 @@ def model_fingerprint(preset: str) -> dict:
     loss.backward()
     return {
         "params": {
-            n: [list(p.shape), round(float(p.detach().double().square().sum()), 6)]
-            for n, p in model.named_parameters()
+            n: [list(p.shape), round(float(p.detach().double().square().sum()), 6)] for n, p in model.named_parameters()
         },
         "loss": round(float(loss.detach()), 6),
         "grad_norms": {
@@ -154,7 +153,11 @@ def run_all() -> dict[str, dict]:
 def differences(a: object, b: object, path: str = "", rel: float = 0.0) -> list[str]:
     """Where two JSON values differ; floats within `rel` relative difference count as equal."""
     if isinstance(a, float) and isinstance(b, float | int) and not isinstance(b, bool):
-        same = a == b or (math.isnan(a) and math.isnan(b)) or (math.isfinite(a) and math.isclose(a, b, rel_tol=rel, abs_tol=0.0))
+        same = (
+            a == b
+            or (math.isnan(a) and math.isnan(b))
+            or (math.isfinite(a) and math.isclose(a, b, rel_tol=rel, abs_tol=0.0))
+        )
         return [] if same else [f"{path}: {a!r} != {b!r}"]
     if type(a) is not type(b):
         return [f"{path}: {a!r} != {b!r}"]
