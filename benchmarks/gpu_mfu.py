@@ -44,10 +44,10 @@ from scaletrain.config import resolve
 from scaletrain.model.flops import flops_per_token
 from scaletrain.model.gpt import GPT, causal_attention
 from scaletrain.model.loss import loss_sum
-from scaletrain.sim import calibrate as cal
 from scaletrain.sim.catalog import mfu_peak
 from scaletrain.sim.compute import layer_gemms
 from scaletrain.sim.efficiency import GENERATION
+from scaletrain.sim.fit import calibrate as cal
 from scaletrain.sim.workload import ClusterLayout, load_workload
 from scaletrain.train.cpu_bf16 import bf16_gemm_context, gemm_mode
 from scaletrain.train.host import peak_memory_gib, setup_cpu

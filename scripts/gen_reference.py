@@ -6,7 +6,7 @@
 
 - docs/reference/config.md: every field of the config dataclasses (src/scaletrain/config.py, config_model.py), its
   dataclass default, its value in the default preset, its range from config_bounds.BOUNDS and its docstring.
-- docs/reference/cli.md: every subcommand of `scaletrain` (cli.build_parser) with its description and every flag
+- docs/reference/cli.md: every subcommand of `scaletrain` (cli/main.py build_parser) with its description and every flag
   with its help, as argparse expands it.
 
 The pages are committed so that they read on GitHub too; tests/unit/test_docs.py fails when one differs from what
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from scaletrain import cli  # noqa: E402
+from scaletrain.cli import main as cli  # noqa: E402  (the module)
 from scaletrain.config import Config, describe, resolve  # noqa: E402
 from scaletrain.config_bounds import BOUNDS  # noqa: E402
 from scaletrain.config_io import field_docs  # noqa: E402

@@ -76,7 +76,7 @@ COMMANDS: list[str] = (
 
 def run_one(command: str, tmp: str) -> dict:
     """Run one `scaletrain` command in this process; its exit code, stdout and (for `sim calibrate`) the file."""
-    from scaletrain.cli import main
+    from scaletrain.cli.main import main
 
     argv = shlex.split(command.format(tmp=tmp))
     out = io.StringIO()

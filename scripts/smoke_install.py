@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scaletrain.cli import build_parser, subcommand_parsers
+from scaletrain.cli.main import build_parser, subcommand_parsers
 
 
 def scaletrain(*args: str) -> str:

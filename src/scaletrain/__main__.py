@@ -1,5 +1,5 @@
 """`python -m scaletrain` (also what `torchrun -m scaletrain` runs)."""
 
-from scaletrain.cli import entry
+from scaletrain.cli.main import entry
 
 entry()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from launch import run_ranks
 from test_layouts import _overrides
 

@@ -10,8 +10,12 @@ import pytest
 import torch
 from launch import run_ranks
 
-from scaletrain.parallel.context_parallel import (AllGatherCausalAttention, apply_context_parallel, cp_positions,
-                                                  shard_sequence)
+from scaletrain.parallel.context_parallel import (
+    AllGatherCausalAttention,
+    apply_context_parallel,
+    cp_positions,
+    shard_sequence,
+)
 
 TOL = 1e-5  # |cp - reference| <= TOL + TOL * |reference|, elementwise
 
@@ -114,7 +118,7 @@ def _gloo_contract_check(cp_mesh, out):
 
     for n in names:
         setattr(ops, n, issue(n))
-    setattr(ops, "wait_tensor", wait)
+    ops.wait_tensor = wait
     try:
         cp, rank = cp_mesh.size(), cp_mesh.get_local_rank()
         q, k, v = (torch.randn(2, 4, 8, 8, requires_grad=True) for _ in range(3))
@@ -137,6 +141,7 @@ def _tiny_cfg():
 
 def _model_check(cp_mesh, seed, out, tag):
     import torch.distributed as dist
+
     from scaletrain.model.gpt import GPT
     from scaletrain.model.loss import IGNORE_INDEX, loss_sum
     cp, rank, group = cp_mesh.size(), cp_mesh.get_local_rank(), cp_mesh.get_group()

@@ -11,7 +11,6 @@ reuses an initialised process group), against one-process references computed in
 from __future__ import annotations
 
 import pytest
-
 from launch import run_ranks
 
 STEPS = 5

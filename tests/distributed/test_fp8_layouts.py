@@ -29,7 +29,6 @@ checks on the FP8 modules and scales below, which are exact.
 from __future__ import annotations
 
 import pytest
-
 from launch import run_ranks
 
 STEPS = 3

@@ -15,7 +15,6 @@ import math
 
 import pytest
 import torch
-
 from launch import run_ranks
 
 pytest.importorskip("safetensors")
@@ -216,7 +215,7 @@ def test_export_under_torchrun_equals_single_process_export(excerpt_corpus, tmp_
     import safetensors.torch as st
 
     from scaletrain.checkpoint.hf import import_llama_hf
-    from scaletrain.cli import main
+    from scaletrain.cli.main import main
     from scaletrain.config import resolve
     from scaletrain.train.engine import Trainer
     data = [f"data.train_prefix={excerpt_corpus.train_prefix}", f"data.valid_prefix={excerpt_corpus.valid_prefix}",

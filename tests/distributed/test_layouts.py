@@ -7,7 +7,6 @@ in how a layout splits the work or combines the gradients. FSDP x TP x PP needs 
 from __future__ import annotations
 
 import pytest
-
 from launch import run_ranks
 
 # 10 steps cover the warm-up (4) and decay; a layout that diverges does so within them (every step compared).

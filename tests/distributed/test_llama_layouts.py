@@ -11,7 +11,6 @@ Hugging Face tests cover (tests/unit/test_llama.py), so its layouts are not run 
 from __future__ import annotations
 
 import pytest
-
 from launch import run_ranks
 
 STEPS = 10

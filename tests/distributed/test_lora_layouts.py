@@ -7,7 +7,6 @@ deterministic; B starts at 0, so from step 2 on both A and B learn and every ada
 from __future__ import annotations
 
 import pytest
-
 from launch import run_ranks
 
 STEPS = 10

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from test_train_e2e import tiny_config
 
 from scaletrain.train.engine import Trainer
-
-from test_train_e2e import tiny_config
 
 
 def _losses(corpus, tmp_path, mode, steps=5):

@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+from test_train_e2e import read_jsonl, tiny_config, tiny_overrides
 
 from scaletrain.bench.checker import check_log
 from scaletrain.bench.harness import mlperf_observers, run_once
@@ -22,8 +23,6 @@ from scaletrain.checkpoint.store import complete_checkpoints, verify
 from scaletrain.train.engine import Trainer
 from scaletrain.train.protocol import Preempted
 from scaletrain.train.run import train
-
-from test_train_e2e import read_jsonl, tiny_config, tiny_overrides
 
 # 40 steps at most, an evaluation every 10, a checkpoint after each; the target is out of reach.
 RUN = ["checkpoint.interval_steps=1", "train.max_steps=40"]

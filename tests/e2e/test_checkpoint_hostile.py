@@ -9,14 +9,13 @@ import shutil
 
 import pytest
 import torch
+from test_train_e2e import tiny_config
 
 from scaletrain.checkpoint.checkpointer import Checkpointer
 from scaletrain.checkpoint.store import CheckpointError, complete_checkpoints, sha256, verify
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.diskfull import DiskFullError
 from scaletrain.train.engine import Trainer
-
-from test_train_e2e import tiny_config
 
 pytestmark = pytest.mark.hostile
 

@@ -22,7 +22,7 @@ import torch
 from test_train_e2e import tiny_config, tiny_overrides
 
 from scaletrain.checkpoint.store import CheckpointError, sha256
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.train.engine import Trainer
 
 pytestmark = pytest.mark.hostile
@@ -428,7 +428,7 @@ def test_well_formed_but_foreign_metadata_is_refused(case, ckpt_copy):
 # ---------------------------------------------------------------- through the CLI, each in its own process
 def _cli(args: list[str], errfile: str) -> dict:
     """`scaletrain ARGS` in this (forked) process, its stderr in `errfile`; exit code and whether it changed us."""
-    from scaletrain.cli import main as cli_main
+    from scaletrain.cli.main import main as cli_main
 
     before = _probe()
     with open(errfile, "w") as err:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_train_e2e import read_jsonl, tiny_config
 
 from scaletrain.bench.checker import check_log
 from scaletrain.bench.harness import run_once
 from scaletrain.checkpoint.store import complete_checkpoints, verify
 from scaletrain.train.engine import Trainer
-
-from test_train_e2e import read_jsonl, tiny_config
 
 CKPT = ["checkpoint.interval_steps=1", "checkpoint.keep=2", "train.target_eval_loss=0.1", "train.max_steps=40"]
 

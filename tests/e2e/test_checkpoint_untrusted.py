@@ -16,12 +16,11 @@ import shutil
 
 import pytest
 import torch
+from test_train_e2e import tiny_config, tiny_overrides
 
 from scaletrain.checkpoint.store import sha256
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.train.engine import Trainer
-
-from test_train_e2e import tiny_config, tiny_overrides
 
 pytestmark = pytest.mark.hostile
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 
 pytestmark = pytest.mark.hostile
 

@@ -19,7 +19,7 @@ from test_train_e2e import tiny_config, tiny_overrides
 
 from scaletrain.checkpoint import store
 from scaletrain.checkpoint.store import READERS_LOCK, CheckpointError, complete_checkpoints, sha256, verify
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.diskfull import DiskFullError, disk_full, free_bytes, is_no_space
 from scaletrain.train.engine import Trainer
 from scaletrain.train.run import EXIT_CODES

@@ -17,7 +17,7 @@ import pytest
 from test_train_e2e import tiny_config, tiny_overrides
 
 from scaletrain.checkpoint import store
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.train.run import train
 from scaletrain.train.rundir import LOCK_NAME
 

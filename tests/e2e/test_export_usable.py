@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_train_e2e import tiny_overrides
 
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.data.corpus import prepare_excerpt
 from scaletrain.data.tokenizer import Tokenizer, train_tokenizer
 

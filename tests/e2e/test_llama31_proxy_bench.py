@@ -14,7 +14,7 @@ from scaletrain.bench.checker import check_log
 from scaletrain.bench.mllog import read_mllog
 from scaletrain.bench.proxy_base import ensure_proxy_base
 from scaletrain.checkpoint.init_from import load_full_model
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.config import resolve
 from scaletrain.data.corpus import prepare_excerpt
 

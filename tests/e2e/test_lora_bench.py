@@ -4,7 +4,6 @@ MLPerf logs checked against the proxy rules, adapters trained and the base untou
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import torch
 
 from scaletrain.bench.proxy_base import ensure_proxy_base
 from scaletrain.checkpoint.init_from import load_full_model
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.config import resolve
 from scaletrain.data import kjv
 from scaletrain.train.engine import Trainer

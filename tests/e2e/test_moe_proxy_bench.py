@@ -9,7 +9,7 @@ import json
 import pytest
 
 from scaletrain.bench.mllog import read_mllog
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.data.corpus import prepare_excerpt
 
 pytest.importorskip("mlperf_logging")

@@ -7,7 +7,7 @@ import json
 import random
 import shlex
 
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.data.prepare import read_meta
 
 TINY = [

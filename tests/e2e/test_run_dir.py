@@ -9,11 +9,10 @@ import subprocess
 import sys
 
 import pytest
-
-from scaletrain.cli import main
-from scaletrain.train.rundir import LOCK_NAME, RunDirLock, truncate_metrics
-
 from test_train_e2e import tiny_overrides
+
+from scaletrain.cli.main import main
+from scaletrain.train.rundir import LOCK_NAME, RunDirLock, truncate_metrics
 
 # 4 steps, an evaluation every 2; the target is out of reach, so the run stops at its step budget.
 TINY = ["train.eval_interval_samples=32", "train.max_steps=4", "train.target_eval_loss=0.1"]

@@ -12,7 +12,7 @@ import torch
 
 from scaletrain.bench.checker import check_log
 from scaletrain.bench.harness import mlperf_observers
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.config import resolve
 from scaletrain.train.engine import Trainer
 from scaletrain.train.run import train

@@ -75,8 +75,8 @@ def main() -> int:
                 __import__(mod.name)
             except Exception:
                 errors.append(f"import {mod.name}: {traceback.format_exc(limit=-3)}")
-    from scaletrain.cli import build_parser, subcommand_parsers
-    from scaletrain.cli import main as cli_main
+    from scaletrain.cli.main import build_parser, subcommand_parsers
+    from scaletrain.cli.main import main as cli_main
 
     if "help" in steps:
         for path, _ in subcommand_parsers(build_parser()):

@@ -28,6 +28,7 @@ LAYERS: dict[str, float] = {
     "config": 0.5,
     "presets": 0.5,
     "sim": 1,
+    "sim.fit": 1.5,
     "data": 2,
     "model": 2,
     "parallel": 3,
@@ -74,7 +75,10 @@ def _imports(path: Path) -> list[tuple[str, int]]:
 
 
 def _package(module: str) -> str:
+    """The LAYERS key of a module: its top-level package, or a subpackage with a layer of its own (sim.fit)."""
     parts = module.split(".")
+    if len(parts) > 2 and f"{parts[1]}.{parts[2]}" in LAYERS:
+        return f"{parts[1]}.{parts[2]}"
     return parts[1] if len(parts) > 1 else "__init__"
 
 
@@ -167,9 +171,10 @@ def test_upward_import_is_caught(tmp_path, monkeypatch):
 
 
 def test_sim_and_config_import_no_torch():
-    # sim/ prices clusters on machines without torch; config and the registries are read by it.
+    # sim/ prices clusters on machines without torch (and sim.fit fits it there); config and the registries are
+    # read by it.
     modules = [
-        _module_name(p) for p in _sources() if _package(_module_name(p)) in ("sim", "config", "log", "benchmarks")
+        _module_name(p) for p in _sources() if _package(_module_name(p)) in ("sim", "sim.fit", "config", "log", "benchmarks")
     ]
     code = "import sys\n" + "".join(f"import {m}\n" for m in modules) + "print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

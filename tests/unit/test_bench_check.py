@@ -6,7 +6,7 @@ import pytest
 
 from scaletrain.bench.harness import run_once
 from scaletrain.bench.scripted import ScriptedEngine
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.config import resolve
 
 

@@ -25,7 +25,7 @@ def test_every_benchmark_resolves_its_presets_rules_and_data(spec):
     version = mlperf.rcp_version(spec.name)
     raw, where = mlperf._load_rcp_raw(spec.name, version, use_package=False)
     assert raw and where.endswith(f"rcps_{version}.csv")
-    from scaletrain.sim.results import bundled_results
+    from scaletrain.sim.fit.results import bundled_results
 
     if spec.calibration_file:  # the MoE benchmarks have no published result yet
         assert {r.benchmark for r in bundled_results(spec.name)} == {spec.name}
@@ -126,8 +126,8 @@ def test_one_entry_is_enough_for_config_bench_and_cli(fake):
 
 
 def test_one_entry_is_enough_for_the_simulator(fake):
+    from scaletrain.sim.fit.results import bundled_results
     from scaletrain.sim.predict import benchmark_of, predict
-    from scaletrain.sim.results import bundled_results
     from scaletrain.sim.workload import ClusterLayout, load_workload
 
     assert mlperf.bench("fake") is fake and benchmark_of("gpt3-125m") == "fake"

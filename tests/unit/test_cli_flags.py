@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from scaletrain.cli import build_parser, cmd_bench, cmd_bench_check, expand_field_flags, main
+from scaletrain.cli.main import build_parser, cmd_bench, cmd_bench_check, expand_field_flags, main
 from scaletrain.config import Config, ConfigError
 
 

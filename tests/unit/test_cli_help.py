@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from scaletrain.cli import EXIT_STDOUT_CLOSED, build_parser, main, subcommand_parsers
+from scaletrain.cli.main import EXIT_STDOUT_CLOSED, build_parser, main, subcommand_parsers
 
 
 def _parsers():

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from scaletrain import config_bounds
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.config import Config, ConfigError, list_presets, resolve
 from scaletrain.config_bounds import BOUNDS, INT64_MAX, SEED_MAX, numeric_fields
 

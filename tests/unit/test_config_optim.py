@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from scaletrain.config import ConfigError, Config, describe, from_dict, list_presets, resolve
+from scaletrain.config import Config, ConfigError, describe, from_dict, list_presets, resolve
 from scaletrain.train.optim import lr_at
 
 

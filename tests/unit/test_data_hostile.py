@@ -16,7 +16,11 @@ import numpy as np
 import pytest
 
 from scaletrain.data.indexed import (
-    HEADER_SIZE, DataError, IndexedDataset, _pack_index, write_indexed,
+    HEADER_SIZE,
+    DataError,
+    IndexedDataset,
+    _pack_index,
+    write_indexed,
 )
 from scaletrain.data.prepare import load_dataset, meta_path
 from scaletrain.data.tokenizer import Tokenizer
@@ -437,7 +441,7 @@ def _snapshot(root: Path) -> dict[str, bytes]:
                                   "idx_doc_end", "bin_token_flip", "valid_token_flip", "missing_idx",
                                   "missing_valid_bin", "sidecar_garbage", "missing_tokenizer"])
 def test_cli_train_on_damaged_data(corpus, tmp_path, capsys, kind):
-    from scaletrain.cli import main
+    from scaletrain.cli.main import main
     named = _damage(corpus, kind)
     before = _snapshot(corpus)
     run = tmp_path / "run"
@@ -452,7 +456,7 @@ def test_cli_train_on_damaged_data(corpus, tmp_path, capsys, kind):
 
 
 def test_cli_damaged_data_leaves_existing_run_dir_untouched(corpus, tmp_path, capsys):
-    from scaletrain.cli import main
+    from scaletrain.cli.main import main
     run = tmp_path / "run"
     (run / "tensorboard").mkdir(parents=True)
     (run / "result.json").write_text('{"status": "success"}')

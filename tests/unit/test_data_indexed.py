@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 
 from scaletrain.data.indexed import (
-    DataError, IndexedDataset, IndexedDatasetWriter, best_dtype, write_indexed,
+    DataError,
+    IndexedDataset,
+    IndexedDatasetWriter,
+    best_dtype,
+    write_indexed,
 )
 
 DOCS = [np.array([5, 6, 7]), np.array([], dtype=np.int64), np.array([1]), np.arange(100, 120)]

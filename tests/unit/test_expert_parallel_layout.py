@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.config import ConfigError, resolve
 from scaletrain.parallel.layout import Layout, LayoutError
 

@@ -14,11 +14,11 @@ import pytest
 import torch
 from torch import nn
 
+# Imported first: it quiets torchao's import-time log lines. torchao is a core dependency: no skip, a missing one fails.
+import scaletrain.model.fp8 as fp8  # noqa: E402
 from scaletrain.config import ConfigError, resolve
 from scaletrain.model.build import build_model
 
-# Imported first: it quiets torchao's import-time log lines. torchao is a core dependency: no skip, a missing one fails.
-import scaletrain.model.fp8 as fp8  # noqa: E402
 Float8Linear, Float8LoraLinear, convert_to_float8 = fp8.Float8Linear, fp8.Float8LoraLinear, fp8.convert_to_float8
 float8_config, float8_linears, fp8_supported, recipe_name = (fp8.float8_config, fp8.float8_linears, fp8.fp8_supported,
                                                              fp8.recipe_name)
@@ -188,8 +188,11 @@ def test_meta_conversion_with_fsdp_all_gather_materialises_and_inits():
 def test_tensor_parallel_plan_takes_torchao_styles_where_it_can():
     from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
-    from torchao.float8.float8_tensor_parallel import (Float8ColwiseParallel, Float8RowwiseParallel,
-                                                       PrepareFloat8ModuleInput)
+    from torchao.float8.float8_tensor_parallel import (
+        Float8ColwiseParallel,
+        Float8RowwiseParallel,
+        PrepareFloat8ModuleInput,
+    )
 
     from scaletrain.model.lora import apply_lora
     from scaletrain.parallel.tensor_parallel import _sublayer_plan

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.config import resolve
 from scaletrain.model.flops import flops_per_token, num_params
 from scaletrain.sim import compute

@@ -9,8 +9,8 @@ import torch
 pytest.importorskip("safetensors")
 import safetensors.torch  # noqa: E402
 
-from scaletrain.checkpoint.hf import gpt2 as hf_gpt2  # noqa: E402
 from scaletrain.checkpoint.hf import export_hf, import_hf  # noqa: E402
+from scaletrain.checkpoint.hf import gpt2 as hf_gpt2  # noqa: E402
 from scaletrain.config import resolve  # noqa: E402
 from scaletrain.model.gpt import GPT  # noqa: E402
 from scaletrain.model.loss import loss_sum  # noqa: E402

@@ -25,7 +25,7 @@ pytest.importorskip("safetensors")
 import safetensors.torch as st  # noqa: E402
 
 from scaletrain.checkpoint.hf import export_hf  # noqa: E402
-from scaletrain.cli import main  # noqa: E402
+from scaletrain.cli.main import main  # noqa: E402
 from scaletrain.config import resolve  # noqa: E402
 from scaletrain.model.build import build_model  # noqa: E402
 

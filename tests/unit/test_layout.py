@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from scaletrain.cli import expand_field_flags, main
+from scaletrain.cli.main import expand_field_flags, main
 from scaletrain.config import resolve
 from scaletrain.parallel.layout import Layout, LayoutError
 

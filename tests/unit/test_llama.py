@@ -8,8 +8,8 @@ import torch
 from scaletrain.config import ConfigError, ModelConfig, resolve
 from scaletrain.model.build import build_model
 from scaletrain.model.flops import num_params
-from scaletrain.model.loss import loss_sum
 from scaletrain.model.llama import Llama
+from scaletrain.model.loss import loss_sum
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")

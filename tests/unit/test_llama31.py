@@ -86,7 +86,7 @@ def test_rope_fields_are_refused_without_rotary_positions_and_ignored_without_sc
 
 
 def test_dry_run_fits_the_presets_on_h100(capsys):
-    from scaletrain.cli import main
+    from scaletrain.cli.main import main
 
     assert main(["train", "--dry-run", "--json", "--world-size", "64", "--gpu", "h100", "--preset", "llama31-8b"]) == 0
     assert json.loads(capsys.readouterr().out)["fits"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.log import get_logger, parse_log_ranks, setup_logging
 
 log = get_logger("scaletrain.test_log")

@@ -9,8 +9,8 @@ import torch
 
 from scaletrain.config import resolve
 from scaletrain.model.gpt import GPT
-from scaletrain.model.loss import loss_sum
 from scaletrain.model.lora import apply_lora, init_lora, is_lora_param, lora_parameters, merge_lora
+from scaletrain.model.loss import loss_sum
 
 ALL = "lora.targets=['qkv','proj','fc1','fc2']"
 
@@ -139,7 +139,7 @@ def test_checkpoint_holds_only_adapters_and_resume_continues_identically(excerpt
 
     # `scaletrain export` of a LoRA checkpoint writes merged weights; they reproduce the adapter model.
     from scaletrain.checkpoint.hf import import_hf
-    from scaletrain.cli import main
+    from scaletrain.cli.main import main
     t.save_checkpoint({})
     assert main(["export", str(tmp_path / "a"), "--hf", str(tmp_path / "hf")]) == 0
     _, sd = import_hf(tmp_path / "hf")

@@ -11,7 +11,7 @@ import shlex
 import numpy as np
 import pytest
 
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.config import resolve
 from scaletrain.data.indexed import IndexedDataset
 from scaletrain.data.prepare import dataset_vocab, prepare_dataset, read_meta

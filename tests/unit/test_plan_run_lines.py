@@ -6,8 +6,8 @@ import shlex
 
 import pytest
 
-from scaletrain.cli import main
-from scaletrain.sim.run_lines import run_lines, slurm_command
+from scaletrain.cli.main import main
+from scaletrain.cli.run_lines import run_lines, slurm_command
 
 LORA_512 = ["--model", "llama2-70b-lora", "--gpu", "h200", "--gpus", "512"]
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.config import resolve
 
 LORA_RECORD = ["--world-size", "512", "--gpu", "h200", "--preset", "llama2-70b-lora",

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.config import resolve
 from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import Efficiency
+from scaletrain.sim.fit.run_fit import calibrate_runs, fit_group
+from scaletrain.sim.fit.runs import MeasuredRun, price
 from scaletrain.sim.gemm_classes import class_index, class_label, eff_at, run_gemm_gflop
 from scaletrain.sim.host_device import CPU_EFFICIENCY, cpu_efficiency, cpu_system
-from scaletrain.sim.run_fit import calibrate_runs, fit_group
-from scaletrain.sim.runs import MeasuredRun, price
 from scaletrain.sim.workload import ClusterLayout, load_workload
 
 DEVICE = {"kind": "cpu", "name": "test CPU", "peak_flops": 1e11, "mem_bw_bytes_s": 2e10, "kernel_s": 5e-6,

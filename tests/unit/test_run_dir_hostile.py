@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.config import resolve
 
 DEVICE = {
@@ -278,7 +278,7 @@ def test_the_valid_base_reports_and_calibrates(base, tmp_path, capsys):
 @pytest.mark.hostile
 def test_calibrate_never_writes_a_bare_nan(base, tmp_path, capsys, monkeypatch):
     """Whatever reaches the fit, its output is strict JSON: a non-finite number is refused with nothing written."""
-    import scaletrain.sim.run_fit as run_fit
+    import scaletrain.sim.fit.run_fit as run_fit
 
     run = tmp_path / "run"
     shutil.copytree(base, run)

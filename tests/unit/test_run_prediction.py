@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.sim.comm import Cluster, ring_all_reduce
 from scaletrain.sim.host_device import CPU_EFFICIENCY, GLOO_ALPHA_US, GLOO_BUSBW_GBPS, cpu_system
 from scaletrain.sim.run_prediction import MEASURED_KEYS, compare, map_breakdown, price_run

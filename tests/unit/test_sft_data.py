@@ -13,9 +13,9 @@ import torch
 
 from scaletrain.data import kjv
 from scaletrain.data.indexed import DataError, write_indexed
-from scaletrain.model.loss import IGNORE_INDEX
 from scaletrain.data.sft import SFTData, SFTSamples, SFTValid, prepare_sft, prepared_sha256, read_pairs
 from scaletrain.data.tokenizer import Tokenizer
+from scaletrain.model.loss import IGNORE_INDEX
 
 WORDS = "lord king sword crown night day river stone heart blood fire gold".split()
 

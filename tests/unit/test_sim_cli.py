@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from scaletrain.cli import main
-from scaletrain.sim import calibrate as cal
+from scaletrain.cli.main import main
 from scaletrain.sim.efficiency import OWN_FIT, load_efficiencies
-from scaletrain.sim.results import bundled_results
+from scaletrain.sim.fit import calibrate as cal
+from scaletrain.sim.fit.results import bundled_results
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 PREDICT_KEYS = {"step_time_s", "time_to_train_min", "tokens_per_s_per_gpu", "mfu", "memory_gib_per_gpu", "steps",
@@ -158,7 +158,7 @@ def test_calibrate_run_dir_errors(tmp_path, capsys):
 def test_runs_are_read_from_their_files_and_default_fsdp_is_zero3(tmp_path):
     from scaletrain.parallel.sim_layout import sim_inputs
     from scaletrain.sim.catalog import load_catalog
-    from scaletrain.sim.runs import read_run
+    from scaletrain.sim.fit.runs import read_run
     _fake_run(tmp_path / "fsdp", 0.5, world_size=8, overrides=["train.global_batch_size=32", "train.micro_batch_size=2"])
     run = read_run(tmp_path / "fsdp", sim_inputs, load_catalog())
     assert (run.gpu, run.world_size, run.step_time_s) == ("h200", 8, 0.5)
@@ -171,7 +171,7 @@ def test_runs_are_read_from_their_files_and_default_fsdp_is_zero3(tmp_path):
 
 
 def test_sim_does_not_import_torch():
-    code = ("import sys, scaletrain.sim.commands, scaletrain.sim.predict, scaletrain.sim.plan, scaletrain.sim.runs, "
+    code = ("import sys, scaletrain.cli.sim, scaletrain.sim.predict, scaletrain.sim.plan, scaletrain.sim.fit.runs, "
             "scaletrain.sim.layers, scaletrain.parallel.sim_layout; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -186,7 +186,7 @@ def test_plot_writes_a_png_with_curves(tmp_path, capsys):
     assert "published points (x in the plot) ran another layout than the curve's best planned one" in printed
     assert re.search(r"^  h200 x8: the curve TP\d+ PP\d+ VP\d+ CP\d+ GBS8; published .*TP1 PP1 VP1 CP2 GBS8 \(\d+ results\)",
                      printed, re.M), printed
-    from scaletrain.sim.plot import scaling_curves
+    from scaletrain.cli.plot import scaling_curves
     pts = scaling_curves("llama2-70b-lora", ("h200",), counts=(8, 64))["h200"]
     assert [n for n, _, _ in pts] == [8, 64] and pts[1][1] < pts[0][1]   # more GPUs, shorter time to train
 
@@ -216,7 +216,7 @@ def test_measured_calibration_never_borrows_a_published_set(tmp_path, capsys, mo
 def test_layout_notes_name_the_published_points_of_another_layout():
     from types import SimpleNamespace
 
-    from scaletrain.sim.plot import layout_notes
+    from scaletrain.cli.plot import layout_notes
     curves = {"h100": [(8, 30.0, "TP4 PP1 VP1 CP1 GBS8"), (64, 5.0, "TP2 PP1 VP1 CP4 GBS8")]}
     row = lambda gpu, n, tp, cp: SimpleNamespace(gpu=gpu, gpus=n, tp=tp, pp=1, vp=1, cp=cp, gbs=8)
     rows = [row("h100", 8, 4, 1), row("h100", 64, 4, 2), row("h100", 64, 4, 2), row("h100", 16, 4, 1),

@@ -10,11 +10,11 @@ from importlib import resources
 
 import pytest
 
-from scaletrain.cli import main
-from scaletrain.sim import calibrate as cal
+from scaletrain.cli.main import main
 from scaletrain.sim.efficiency import Efficiency
-from scaletrain.sim.results import load_results
-from scaletrain.sim.validate import cross_validate, default_thresholds
+from scaletrain.sim.fit import calibrate as cal
+from scaletrain.sim.fit.results import load_results
+from scaletrain.sim.fit.validate import cross_validate, default_thresholds
 
 # The known answer: rows whose times the model gives at the priors, where the fit starts. The objective there is 0
 # (no data error, no pull toward the priors) and positive anywhere else, so a correct fit must return it exactly.

@@ -11,9 +11,11 @@ from importlib import resources
 
 import pytest
 
-from scaletrain.sim import calibrate as cal
 from scaletrain.sim.catalog import load_catalog
 from scaletrain.sim.efficiency import Efficiency
+from scaletrain.sim.fit import calibrate as cal
+from scaletrain.sim.fit.results import ResultsError, bundled_results, bundled_skipped, load_results
+from scaletrain.sim.fit.validate import cross_validate
 from scaletrain.sim.fixed_costs import (
     comm_init_units,
     domains,
@@ -24,8 +26,6 @@ from scaletrain.sim.fixed_costs import (
     warmup_s,
 )
 from scaletrain.sim.predict import predict
-from scaletrain.sim.results import ResultsError, bundled_results, bundled_skipped, load_results
-from scaletrain.sim.validate import cross_validate
 from scaletrain.sim.workload import ClusterLayout, load_workload
 
 V5 = "mlperf_v5_llama2_70b_lora_calibration.csv"

@@ -5,16 +5,16 @@ set, and golden numbers showing the hardware that was already there predicts exa
 from __future__ import annotations
 
 import io
-from dataclasses import replace
 import json
+from dataclasses import replace
 
 import pytest
 
-from scaletrain.cli import main
+from scaletrain.cli.main import main
+from scaletrain.cli.sim import print_prediction
 from scaletrain.sim import step
 from scaletrain.sim.catalog import CatalogError, load_catalog
 from scaletrain.sim.comm import Cluster, ring_all_reduce, ring_reduce_scatter
-from scaletrain.sim.commands import print_prediction
 from scaletrain.sim.efficiency import DEFAULT_GEMM_EFF, Efficiency, efficiency_for, load_efficiencies
 from scaletrain.sim.plan import plan
 from scaletrain.sim.predict import predict

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from scaletrain.cli import main
+from scaletrain.cli.main import main
 from scaletrain.config import resolve
 from scaletrain.parallel.dry_run import dry_run
 from scaletrain.parallel.layout import Layout

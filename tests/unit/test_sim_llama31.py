@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from scaletrain import benchmarks
-from scaletrain.sim import calibrate as cal
 from scaletrain.sim import mlperf
 from scaletrain.sim.catalog import load_catalog
 from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import OWN_FIT, Efficiency, efficiency_for, load_efficiencies
+from scaletrain.sim.fit import calibrate as cal
+from scaletrain.sim.fit.results import bundled_results
+from scaletrain.sim.fit.rows import _published_run
 from scaletrain.sim.predict import predict
-from scaletrain.sim.results import bundled_results
-from scaletrain.sim.rows import _published_run
 from scaletrain.sim.step import stage_costs, step_time
 from scaletrain.sim.workload import ClusterLayout, chunk_layers, load_workload, rank_layers
 

@@ -7,8 +7,16 @@ from dataclasses import replace
 
 import pytest
 
-from scaletrain.sim.memory import (GB, GIB, MemoryEstimate, activation_bytes_per_layer, bytes_per_param, fits,
-                                   in_flight_microbatches, memory_per_gpu)
+from scaletrain.sim.memory import (
+    GB,
+    GIB,
+    MemoryEstimate,
+    activation_bytes_per_layer,
+    bytes_per_param,
+    fits,
+    in_flight_microbatches,
+    memory_per_gpu,
+)
 from scaletrain.sim.workload import ClusterLayout, load_workload
 
 GPT3 = load_workload("gpt3")

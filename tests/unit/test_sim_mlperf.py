@@ -8,11 +8,18 @@ import math
 import pytest
 
 from scaletrain.sim import mlperf
+from scaletrain.sim.fit.results import bundled_results
 from scaletrain.sim.mlperf import (
-    Convergence, convergence, eval_interval_steps, olympic_mean, rcp_mean, rcp_records, rcp_score_factor, score,
+    Convergence,
+    convergence,
+    eval_interval_steps,
+    olympic_mean,
+    rcp_mean,
+    rcp_records,
+    rcp_score_factor,
+    score,
     skipped_evals,
 )
-from scaletrain.sim.results import bundled_results
 
 # gpt3 4.1.0 RCP lists, copied from mlperf_logging/rcp_checker/training_4.1.0/rcps_gpt3.json.
 GPT3_2048 = [1157627904, 1207959552, 1157627904, 1207959552, 1207959552, 1157627904, 1157627904]

@@ -11,7 +11,7 @@ from importlib import resources
 import pytest
 
 from scaletrain.benchmarks import BENCHMARKS
-from scaletrain.sim.results import PublishedResult, ResultsError, bundled_results, gpu_key, load_results
+from scaletrain.sim.fit.results import PublishedResult, ResultsError, bundled_results, gpu_key, load_results
 
 GPT3_HEADER = ("benchmark,round,submitter,system,accelerator,n_accel,n_nodes,interconnect,framework,gbs,tp,pp,vp,"
                "mbs,fp8,n_runs,run_minutes,score_minutes,run_tokens_to_converge,source")
@@ -165,7 +165,7 @@ def test_unreadable_path():
 
 
 def test_no_heavy_imports():
-    code = ("import sys; import scaletrain.sim.results, scaletrain.sim.mlperf as m; m.rcp_mean('gpt3', 2048); "
+    code = ("import sys; import scaletrain.sim.fit.results, scaletrain.sim.mlperf as m; m.rcp_mean('gpt3', 2048); "
             "print([x for x in ('torch', 'numpy', 'mlperf_logging') if x in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -116,7 +116,7 @@ def test_default_corpus_with_bpe_and_the_config_that_selects_it(tmp_path):
 
 
 def test_cli_prepare_trains_a_bpe_or_takes_a_tokenizer_json(tmp_path, capsys):
-    from scaletrain.cli import main
+    from scaletrain.cli.main import main
 
     assert main(["data", "prepare", str(EXCERPT[0]), "--out", str(tmp_path / "a" / "ds"), "--bpe",
                  "--vocab-size", "400"]) == 0

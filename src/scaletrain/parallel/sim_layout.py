@@ -1,8 +1,8 @@
 """The one adapter from a trainer config and its resolved parallel `Layout` to the simulator's inputs.
 
 Used by the dry run (`parallel/dry_run.py`), `scaletrain predict --from-config` and `scaletrain sim calibrate
-RUN_DIR` (the last two through the CLI, which hands `sim_inputs` down: `sim/` may not import `parallel/`). So the
-three price the same layout the same way. Torch-free: it imports only the config, the layout arithmetic and sim.
+RUN_DIR` (`cli/sim.py` imports it and passes it to `sim.fit.runs`, which may not import `parallel/`). So the three
+price the same layout the same way. Torch-free: it imports only the config, the layout arithmetic and sim.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Pure Python (no torch at import): `workload` turns the trainer's model config into shapes and FLOPs, `catalog`
 holds hardware, `compute`/`comm`/`schedule`/`memory` price one step, `mlperf` turns steps into time-to-train,
-`calibrate` fits the few free scalars on published results, and `plan` searches layouts.
+and `plan` searches layouts. This package is the pricing model only: fitting it to published results and to
+scaletrain's own runs is `sim.fit` (above it), and its commands are `cli/sim.py`.
 
 Layer 1: may import `config`, `log` and `benchmarks` only; never torch, nor `model`, `data`, `parallel`,
 `checkpoint`, `train` or `bench`, so predictions run anywhere (the CLI imports it without torch for

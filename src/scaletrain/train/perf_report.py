@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from scaletrain.sim.run_files import read_metrics, read_prediction
+from scaletrain.sim.fit.run_files import read_metrics, read_prediction
 from scaletrain.sim.run_prediction import steady_median
 from scaletrain.train.report import save_figure
 
@@ -42,7 +42,7 @@ class RunPerf:
 
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir)
-        train, _ = read_metrics(self.path)  # every field checked: finite, in range (sim/run_files.py)
+        train, _ = read_metrics(self.path)  # every field checked: finite, in range (sim/fit/run_files.py)
         self.records = [r for r in train if "step_time_s" in r]
         self.prediction = read_prediction(self.path)
 

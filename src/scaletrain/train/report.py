@@ -1,6 +1,6 @@
 """`scaletrain report`: loss curves of a run (or of every run of a benchmark) as loss.png.
 
-The run directories are read as untrusted data (`sim/run_files.py`: every field checked, one line naming the file
+The run directories are read as untrusted data (`sim/fit/run_files.py`: every field checked, one line naming the file
 for anything wrong); the plots are written only where every one of them can be, each through a temporary file and
 a rename, so a failed report leaves no half-written or damaged png behind.
 """
@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from scaletrain.data.indexed import DataError
-from scaletrain.sim.run_files import read_config_table, read_metrics
+from scaletrain.sim.fit.run_files import read_config_table, read_metrics
 
 __all__ = [
     "read_metrics",

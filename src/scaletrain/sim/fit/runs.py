@@ -4,8 +4,8 @@ A run directory says what ran in files, not in display strings: `config.json` (t
 `prediction.json` (the device the run measured or recognised, `train/perf.py`) and the step records of
 `metrics.jsonl` (`step_time_s`, `world_size`, the measured breakdown `run_prediction.MEASURED_KEYS`, and for runs
 that predate prediction.json `gpu`, the catalog key of the device). The config and world size go through the
-trainer's layout adapter (`parallel/sim_layout.sim_inputs`, handed in by the CLI because sim/ may not import
-parallel/), so a default FSDP run (`parallel.dp_shard=-1`) is priced as ZeRO-3 exactly as `train --dry-run` and
+trainer's layout adapter (`parallel/sim_layout.sim_inputs`, a parameter: `cli/sim.py` passes it, because sim/ may
+not import parallel/), so a default FSDP run (`parallel.dp_shard=-1`) is priced as ZeRO-3 exactly as `train --dry-run` and
 `predict --from-config` price it. A CPU run is priced on the CPU its prediction.json recorded
 (`host_device.cpu_system`: its own measured GEMM rate and bandwidth), a GPU run on its catalog entry.
 """
@@ -22,9 +22,9 @@ from scaletrain.config_io import FileFormatError
 from scaletrain.sim.catalog import Catalog
 from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import GENERATION, Efficiency
+from scaletrain.sim.fit.run_files import read_config_table, read_metrics, read_prediction
 from scaletrain.sim.gemm_classes import run_gemm_gflop
 from scaletrain.sim.host_device import CPU_KEY, cpu_system
-from scaletrain.sim.run_files import read_config_table, read_metrics, read_prediction
 from scaletrain.sim.run_prediction import MEASURED_KEYS, SIM_TO_MEASURED, steady_median
 from scaletrain.sim.step import StepResult, step_time
 from scaletrain.sim.workload import ClusterLayout, Workload

@@ -30,8 +30,8 @@ from scaletrain.sim.efficiency import (
     nearest_set,
     specialise,
 )
-from scaletrain.sim.results import PublishedResult
-from scaletrain.sim.rows import _Row, host_network, prepare, row_layout, row_system, set_name
+from scaletrain.sim.fit.results import PublishedResult
+from scaletrain.sim.fit.rows import _Row, host_network, prepare, row_layout, row_system, set_name
 from scaletrain.sim.step import step_time
 from scaletrain.sim.workload import ClusterLayout
 

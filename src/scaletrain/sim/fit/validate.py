@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 from concurrent.futures import ProcessPoolExecutor
 
-from scaletrain.sim import calibrate as cal
 from scaletrain.sim.efficiency import Efficiency, nearest_set
+from scaletrain.sim.fit import calibrate as cal
 
 MODES = ("loo", "scale")
 

@@ -1,6 +1,7 @@
 """The simulator's subcommands (predict, plan, sim validate / plot / calibrate): arguments in, table or JSON out.
 
-`scaletrain.cli` only wires these to argparse. Nothing here imports torch.
+`scaletrain.cli.main` only wires these to argparse. Nothing here imports torch: a trainer config is read through the
+trainer's own layout adapter (`parallel/sim_layout.py`, torch-free), as `train --dry-run` reads it.
 """
 
 from __future__ import annotations
@@ -11,16 +12,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from scaletrain import benchmarks
+from scaletrain.cli.calibrate_modes import calibrate_from_runs, calibrate_layer_timings
+from scaletrain.cli.run_lines import plan_run_lines, print_run_lines
 from scaletrain.config_bounds import DEGREE_MAX, TOP_MAX, float_flag, int_flag
 from scaletrain.log import get_logger
-from scaletrain.sim import calibrate as cal
-from scaletrain.sim.calibrate_modes import calibrate_from_runs, calibrate_layer_timings
+from scaletrain.parallel.sim_layout import sim_inputs
 from scaletrain.sim.catalog import load_catalog
 from scaletrain.sim.efficiency import efficiency_for
+from scaletrain.sim.fit import calibrate as cal
+from scaletrain.sim.fit.results import bundled_results, bundled_skipped, load_results
+from scaletrain.sim.fit.validate import cross_validate, cv_json, default_jobs, own_fit_note, print_cv, score_dict
 from scaletrain.sim.predict import Prediction, predict
-from scaletrain.sim.results import bundled_results, bundled_skipped, load_results
-from scaletrain.sim.run_lines import plan_run_lines, print_run_lines
-from scaletrain.sim.validate import cross_validate, cv_json, default_jobs, own_fit_note, print_cv, score_dict
 from scaletrain.sim.workload import ClusterLayout, load_config, load_workload
 
 log = get_logger(__name__)
@@ -93,22 +95,13 @@ def print_prediction(p: Prediction, out=None) -> None:
         )
 
 
-def _sim_inputs(args):
-    """The trainer's config -> (Workload, ClusterLayout) adapter, handed down by the CLI (parallel/sim_layout.py:
-    sim/ may not import parallel/)."""
-    adapter = getattr(args, "sim_inputs", None)
-    if adapter is None:
-        raise ValueError("reading a trainer config needs the layout adapter (run through `scaletrain`)")
-    return adapter
-
-
 def cmd_predict(args) -> int:
     """Predict step time, throughput, MFU, memory and MLPerf time-to-train for one layout on one cluster."""
     if args.from_config:
         # The layout as `scaletrain train --dry-run --world-size N` would run it: parallel.* and train.* fields of
         # the config (FILE over the --model preset, then --set), at N ranks.
         config_file = args.from_config if isinstance(args.from_config, str) else None
-        w, layout = _sim_inputs(args)(load_config(args.model, tuple(args.set), config_file), args.gpus)
+        w, layout = sim_inputs(load_config(args.model, tuple(args.set), config_file), args.gpus)
     else:
         w, layout = load_workload(args.model, tuple(args.set)), _layout(args)
     p = predict(w, layout, args.gpu, args.node, args.fabric, args.calibration, catalog=load_catalog(args.catalog))
@@ -141,7 +134,7 @@ def cmd_plan(args) -> int:
     )
     cat = load_catalog(args.catalog)
     runs = [
-        plan_run_lines(args.model, args.set, p.layout, p.gpu, cat.node(p.node).gpus_per_node, _sim_inputs(args))
+        plan_run_lines(args.model, args.set, p.layout, p.gpu, cat.node(p.node).gpus_per_node, sim_inputs)
         for p in res.best
     ]
     if args.json:
@@ -167,7 +160,7 @@ def _results(paths: list[str]):
     if not paths:
         # Shipped rows the files do not give a layout for are named, not silently dropped.
         return bundled_results(), bundled_skipped()
-    from scaletrain.sim.results import ResultsError
+    from scaletrain.sim.fit.results import ResultsError
 
     rows, errors = [], []
     for path in paths:
@@ -279,7 +272,7 @@ def cmd_calibrate(args) -> int:
     if getattr(args, "layer_timings", None):
         doc = calibrate_layer_timings(args, cat)
     elif args.run_dirs:
-        doc = calibrate_from_runs(args, _sim_inputs(args), cat)
+        doc = calibrate_from_runs(args, sim_inputs, cat)
     elif args.held_out:
         raise ValueError("--held-out RUN_DIR: give the runs to fit on too (sim calibrate RUN_DIR... --held-out ...)")
     else:
@@ -311,7 +304,7 @@ def cmd_calibrate(args) -> int:
 
 def cmd_plot(args) -> int:
     """PNG of predicted time-to-train vs GPU count for H100, H200, B200, GB200 and GB300, with published points."""
-    from scaletrain.sim.plot import plot_scaling
+    from scaletrain.cli.plot import plot_scaling
 
     out, differ, notes = plot_scaling(
         args.model, args.out, gpus=args.gpu_list, calibration=args.calibration, results=args.results

@@ -25,11 +25,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from scaletrain.sim.calibrate import _golden
 from scaletrain.sim.efficiency import Efficiency, efficiency_for
+from scaletrain.sim.fit.calibrate import _golden
+from scaletrain.sim.fit.runs import MeasuredRun, predicted, price
 from scaletrain.sim.gemm_classes import apply, class_index, class_label
 from scaletrain.sim.host_device import CPU_EFFICIENCY, CPU_KEY
-from scaletrain.sim.runs import MeasuredRun, predicted, price
 
 SENSITIVITY = 0.02
 """A term is constrained when moving it across its bounds moves some run's predicted part by this fraction of the

@@ -357,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_export)
 
-    from scaletrain.data.commands import add_parser as add_data_parser
+    from scaletrain.cli.data import add_parser as add_data_parser
 
     add_data_parser(sub)
 
@@ -381,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_config)
 
-    from scaletrain.sim.commands import add_parsers
+    from scaletrain.cli.sim import add_parsers
 
     add_parsers(sub)
     return parser
@@ -520,9 +520,6 @@ def _run(args) -> int:
 def _run_sim(args) -> int:
     # The simulator is pure Python: a wrong value anywhere (unknown GPU, layout, CSV, calibration) is a
     # ValueError subclass with a one-line message.
-    from scaletrain.parallel.sim_layout import sim_inputs  # torch-free; sim/ may not import parallel/ itself
-
-    args.sim_inputs = sim_inputs
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as exc:

@@ -1,19 +1,19 @@
 """`scaletrain sim calibrate`'s two modes that fit on measurements rather than published rows: RUN_DIR...
-(scaletrain's own runs, `sim/run_fit.py`) and --layer-timings (one GPU's per-layer timings, `calibrate.py`)."""
+(scaletrain's own runs, `sim/fit/run_fit.py`) and --layer-timings (one GPU's per-layer timings, `calibrate.py`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from scaletrain.config_io import FileFormatError, load_json_bounded
-from scaletrain.sim import calibrate as cal
 from scaletrain.sim.efficiency import efficiency_for
+from scaletrain.sim.fit import calibrate as cal
 
 
 def calibrate_from_runs(args, inputs, cat) -> dict:
     """RUN_DIR... [--held-out RUN_DIR...]: fit on the runs' measured breakdowns, print the terms and the scores."""
-    from scaletrain.sim.run_fit import calibrate_runs, report_lines
-    from scaletrain.sim.runs import read_run
+    from scaletrain.sim.fit.run_fit import calibrate_runs, report_lines
+    from scaletrain.sim.fit.runs import read_run
 
     runs = [read_run(d, inputs, cat, args.gpu) for d in args.run_dirs]
     held = [read_run(d, inputs, cat, args.gpu) for d in args.held_out or []]

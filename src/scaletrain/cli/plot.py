@@ -9,7 +9,7 @@ gap to such a point is not the model's error on that layout (`sim validate` meas
 from __future__ import annotations
 
 from scaletrain import benchmarks
-from scaletrain.sim.results import bundled_results, load_results
+from scaletrain.sim.fit.results import bundled_results, load_results
 from scaletrain.sim.workload import load_workload
 
 DEFAULT_GPUS = ("h100", "h200", "b200", "gb200", "gb300")

@@ -18,9 +18,9 @@ from scaletrain.sim import mlperf
 from scaletrain.sim.catalog import Catalog, CatalogError, load_catalog
 from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import GENERATION, Efficiency
+from scaletrain.sim.fit.results import PublishedResult
 from scaletrain.sim.fixed_costs import comm_init_units, domains, expected_max_normal
 from scaletrain.sim.predict import eval_passes, expected_convergence
-from scaletrain.sim.results import PublishedResult
 from scaletrain.sim.step import StepResult, step_time
 from scaletrain.sim.workload import ClusterLayout, load_workload
 
