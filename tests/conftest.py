@@ -26,23 +26,6 @@ def _native_crash_log(tmp_path_factory):
     os.environ.setdefault("SCALETRAIN_NATIVE_CRASH_LOG", str(tmp_path_factory.getbasetemp() / RETRY_LOG))
 
 
-@pytest.fixture(autouse=True)
-def _torch_hooks_restored():
-    """Give torch back its own functions after each test: a test that stops a Trainer between init and finish (an
-    error case, a fixture that only builds one) leaves the collective check and the wait timing installed, and a
-    later test would see torch wrapped. Only modules already imported are touched."""
-    yield
-    check = sys.modules.get("scaletrain.parallel.collective_check")
-    while check is not None and check.installed():
-        check.uninstall()
-    perf = sys.modules.get("scaletrain.train.perf")
-    if perf is not None and perf._CLOCK.users > 0:
-        perf._CLOCK.users = 1
-        leaked = perf.CommWaits()
-        leaked.installed = True
-        leaked.uninstall()
-
-
 def pytest_terminal_summary(terminalreporter):
     """One line at the end of every run: how many distributed groups were retried after a native crash."""
     log = os.environ.get("SCALETRAIN_NATIVE_CRASH_LOG")

@@ -1,8 +1,10 @@
 """The MLPerf benchmarks scaletrain knows, one `BenchmarkSpec` each: the only table keyed by benchmark name.
 
-Config validation, the harness's rules and scoring, the compliance checker, the CLI's preset choice and the
-simulator's convergence arithmetic all look a benchmark up here, so adding one is one entry in `BENCHMARKS` (plus
-its preset TOMLs, its proxy rules YAML in bench/rules/, and its bundled results CSV in sim/data/).
+Config validation, the harness's init-phase MLLOG keys and scoring, the closed-division checker (bench/closed.py),
+the compliance checker, the CLI's preset choice and the simulator's convergence arithmetic all look a benchmark up
+here, so adding one is one entry in `BENCHMARKS` (plus its preset TOMLs, its proxy rules YAML in bench/rules/, and
+its bundled results CSV in sim/data/). Its closed-division rules are data here (`Fixed`, `Shape`, `GbsRange`, `Steps`
+and the LR rules), which bench/closed.py checks a config against.
 
 Every benchmark has a CPU proxy named "<name>-proxy": it follows the official benchmark's event protocol and
 counting, with its own preset and rules file. Layer 0: stdlib only, imports nothing from scaletrain, so the
@@ -14,11 +16,23 @@ where to find them.
 from __future__ import annotations
 
 import importlib.util
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 __all__ = [
     "BenchmarkSpec",
+    "Fixed",
+    "Shape",
+    "GbsRange",
+    "Steps",
+    "LrSteps",
+    "LrLinear",
+    "LrSqrt",
+    "ClosedRule",
+    "SPEC_VALUES",
+    "INIT_KEY_LISTS",
     "BENCHMARKS",
     "PROXY_SUFFIX",
     "DEFAULT_RULESET",
@@ -37,6 +51,177 @@ PROXY_SUFFIX = "-proxy"
 DEFAULT_RULESET = "4.1.0"
 """gpt3's mlperf-logging ruleset (and the simulator's RCP table version): gpt3 rules exist only in rulesets
 3.0.0-4.1.0 (it was retired after 4.1), and the package's default (newer) ruleset crashes on gpt3 logs."""
+
+
+# ---------------------------------------------------------------- closed-division rules, as data
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """A config value the closed division fixes."""
+
+    field: str
+    """Dotted Config attribute, e.g. "optim.beta1", "model.moe.first_dense"."""
+    value: float | int | str | frozenset[str] | None = None
+    """The value required; None = the spec's own (model.arch, model.seq_len, train.target_eval_loss,
+    train.eval_interval_samples: `SPEC_VALUES`). A float is compared within float noise, a frozenset as a set."""
+    label: str = ""
+    """What the message calls the field when not `field` ("model.d_ff" for model.ffn_size)."""
+    note: str = ""
+    """Said after the required value, e.g. "(4 x d_model)"."""
+    why: str = ""
+    """Said instead of "<benchmark> requires <value>"; "{name}" stands for the benchmark."""
+    exact: bool = False
+    """Compare a float with == (as the rules file does) rather than within float noise."""
+
+    def required(self, spec: BenchmarkSpec) -> float | int | str | frozenset[str]:
+        """The value `spec`'s closed division requires."""
+        return getattr(spec, SPEC_VALUES[self.field]) if self.value is None else self.value
+
+
+SPEC_VALUES = {
+    "model.arch": "arch",
+    "model.seq_len": "seq_len",
+    "train.target_eval_loss": "target",
+    "train.eval_interval_samples": "eval_every_sequences",
+}
+"""Config field -> the BenchmarkSpec field holding its closed-division value (a `Fixed` with value None)."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Model dimensions the closed division fixes, compared (and reported) as one tuple."""
+
+    dims: tuple[tuple[str, str, int], ...]
+    """(label in the message, dotted Config attribute, required value), in message order."""
+
+
+@dataclass(frozen=True)
+class GbsRange:
+    """The global batch sizes the reference convergence points (RCP tables) cover."""
+
+    low: int
+    """Smallest GBS with reference convergence points."""
+    high: int
+    """Largest GBS with reference convergence points."""
+
+
+@dataclass(frozen=True)
+class Steps:
+    """A schedule point in optimizer steps the closed division fixes: `steps` at every GBS, or with `base_gbs`,
+    ceil(steps * base_gbs / GBS) (the same number of samples at every GBS)."""
+
+    point: str
+    """"warmup" (optim.warmup_samples), "decay" (where the cosine ends: optim.decay_samples) or "checkpoint" (the
+    step the schedule starts at: optim.checkpoint_samples)."""
+    steps: int
+    """The step required (at `base_gbs` when that is set)."""
+    base_gbs: int = 0
+    """The GBS at which `steps` holds, the step scaling as 1 / GBS; 0 = `steps` at every GBS."""
+
+    def __post_init__(self) -> None:
+        if self.point not in ("warmup", "decay", "checkpoint"):
+            raise ValueError(f"Steps.point={self.point!r}: expected 'warmup', 'decay' or 'checkpoint'")
+
+    def at(self, gbs: int) -> int:
+        """The step required at global batch size `gbs`."""
+        return math.ceil(self.steps * self.base_gbs / gbs) if self.base_gbs else self.steps
+
+
+@dataclass(frozen=True)
+class LrSteps:
+    """Base LR `low` up to GBS `low_max_gbs`, `high` from `high_min_gbs`, either in between (gpt3)."""
+
+    low: float
+    """The LR of the small batch sizes."""
+    low_max_gbs: int
+    """Largest GBS that requires `low`."""
+    high: float
+    """The LR of the large batch sizes."""
+    high_min_gbs: int
+    """Smallest GBS that requires `high`."""
+
+
+@dataclass(frozen=True)
+class LrLinear:
+    """Base LR = base_lr * GBS / base_gbs, compared exactly as the rules file does: lr * base_gbs == GBS * base_lr."""
+
+    base_lr: float
+    """The LR at `base_gbs`."""
+    base_gbs: int
+    """The GBS at which the LR is `base_lr`."""
+
+    def at(self, gbs: int) -> float:
+        """The LR required at `gbs`."""
+        return gbs * self.base_lr / self.base_gbs
+
+
+@dataclass(frozen=True)
+class LrSqrt:
+    """Base LR = base_lr * sqrt(GBS / base_gbs), within 1e-9 as the rules file compares."""
+
+    base_lr: float
+    """The LR at `base_gbs`."""
+    base_gbs: int
+    """The GBS at which the LR is `base_lr`."""
+
+    def at(self, gbs: int) -> float:
+        """The LR required at `gbs`."""
+        return self.base_lr * (gbs / self.base_gbs) ** 0.5
+
+
+ClosedRule = Fixed | Shape | GbsRange | Steps | LrSteps | LrLinear | LrSqrt
+"""One closed-division rule; a benchmark's `closed` lists them in the order their messages are reported."""
+_Rule = TypeVar("_Rule", Fixed, Shape, GbsRange, Steps, LrSteps, LrLinear, LrSqrt)
+
+INIT_KEY_LISTS = ("adam", "lora", "adamw")
+"""The init-phase MLLOG key lists bench/rules.py writes: "adam" (gpt3, rulesets 3.0.0-4.1.0), "lora"
+(llama2_70b_lora) and "adamw" (the 5.0.0+ pre-training benchmarks, plus each one's `own_init_keys`)."""
+
+
+def _shape(*dims: tuple[str, str, int]) -> Shape:
+    return Shape(dims)
+
+
+def _llama_shape(n_layers: int, d_model: int, n_heads: int, n_kv_heads: int, d_ff: int, vocab: int) -> Shape:
+    return _shape(
+        ("n_layers", "model.n_layers", n_layers),
+        ("d_model", "model.d_model", d_model),
+        ("n_heads", "model.n_heads", n_heads),
+        ("n_kv_heads", "model.kv_heads", n_kv_heads),
+        ("d_ff", "model.ffn_size", d_ff),
+        ("vocab_size", "model.vocab_size", vocab),
+    )
+
+
+def _moe_shape(n_layers: int, d_model: int, n_heads: int, vocab: int, experts: int, top_k: int, d_ff: int, shared: int):
+    return _shape(
+        ("n_layers", "model.n_layers", n_layers),
+        ("d_model", "model.d_model", d_model),
+        ("n_heads", "model.n_heads", n_heads),
+        ("vocab_size", "model.vocab_size", vocab),
+        ("moe.n_experts", "model.moe.n_experts", experts),
+        ("moe.top_k", "model.moe.top_k", top_k),
+        ("moe.d_ff_expert", "model.moe.d_ff_expert", d_ff),
+        ("moe.n_shared", "model.moe.n_shared", shared),
+    )
+
+
+def _recipe(beta2: float, eps: float, weight_decay: float, clip: float) -> tuple[Fixed, ...]:
+    """Fixed optimizer constants (beta1 0.9 in every rules file), then the quality target and evaluation cadence."""
+    return (
+        Fixed("optim.beta1", 0.9),
+        Fixed("optim.beta2", beta2),
+        Fixed("optim.eps", eps),
+        Fixed("optim.weight_decay", weight_decay),
+        Fixed("optim.grad_clip", clip),
+        Fixed("train.target_eval_loss"),
+        Fixed("train.eval_interval_samples"),
+    )
+
+
+_FULL_WEIGHTS = Fixed("lora.rank", 0, why="{name} trains every weight")
+_FROM_SCRATCH = Fixed("optim.checkpoint_samples", 0, why="{name} starts from scratch")
 
 
 @dataclass(frozen=True)
@@ -88,6 +273,14 @@ class BenchmarkSpec:
     proxy_base_preset: str
     """Preset of the pretrained base the proxy starts from, which `bench` trains once (fixed seed, to that preset's
     target) and caches as <data dir>/<preset>-base when checkpoint.init_from is empty; "" = trains from scratch."""
+    init_keys: str
+    """Which init-phase MLLOG key list the benchmark logs (`INIT_KEY_LISTS`); anything else is refused here, so a new
+    benchmark can never fall back to another's hyperparameters."""
+    own_init_keys: tuple[str, ...]
+    """MLLOG keys its rules files add to the "adamw" list, in log order (bench/rules.py holds each one's value)."""
+    closed: tuple[ClosedRule, ...]
+    """Closed-division rules the compliance checker cannot see (model shape, LR/GBS pairing, schedule, fixed recipe,
+    cadence), in report order: bench/closed.py checks a config against them. Proxies follow their rules files."""
     extra_calibration_files: tuple[str, ...] = ()
     """More published results in scaletrain/sim/data/ (other rounds, other column layouts), used with calibration_file."""
     eval_skip_samples: int = 0
@@ -96,12 +289,34 @@ class BenchmarkSpec:
     """No evaluation is skipped below this GBS: a rule stated for the legal batch sizes only, which would skip
     hundreds of evaluations at a CPU proxy's (which follows its benchmark's cadence rules); 0 = any GBS."""
 
+    def __post_init__(self) -> None:
+        if self.init_keys not in INIT_KEY_LISTS:
+            raise ValueError(f"benchmark {self.name!r}: init_keys={self.init_keys!r} is not one of {INIT_KEY_LISTS}")
+        if self.lora != (self.init_keys == "lora"):
+            raise ValueError(f"benchmark {self.name!r}: lora={self.lora} needs init_keys 'lora' (and only then)")
+        if self.own_init_keys and self.init_keys != "adamw":
+            raise ValueError(f"benchmark {self.name!r}: own_init_keys extend the 'adamw' list only")
+        if not self.closed:
+            raise ValueError(f"benchmark {self.name!r} states no closed-division rules (closed)")
+
     def skipped_evals(self, gbs: int) -> int:
         """Evaluations not run (nor logged) at the start of a run at global batch size `gbs`."""
         if not (self.eval_skip_gbs_divisor or self.eval_skip_samples) or gbs < self.eval_skip_min_gbs:
             return 0
         skip = self.eval_skip_offset + self.eval_skip_samples // gbs
         return skip + (gbs // self.eval_skip_gbs_divisor if self.eval_skip_gbs_divisor else 0)
+
+    def rule(self, kind: type[_Rule], key: str = "") -> _Rule:
+        """Its closed-division rule of type `kind`: for Fixed the one on config field `key`, for Steps the one at
+        point `key`; LookupError when it has none."""
+        for r in self.closed:
+            if isinstance(r, kind) and key in ("", getattr(r, "field", None), getattr(r, "point", None)):
+                return r
+        raise LookupError(f"benchmark {self.name!r} has no {kind.__name__} rule {key}".rstrip())
+
+    def required(self, field: str) -> float | int | str | frozenset[str]:
+        """The value its closed division fixes for config `field` (a dotted name like "optim.beta1")."""
+        return self.rule(Fixed, field).required(self)
 
     @property
     def proxy_needs_base(self) -> bool:
@@ -141,6 +356,25 @@ GPT3 = BenchmarkSpec(
     default_gbs=2048,
     plot_gpu_counts=(64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
     proxy_base_preset="",
+    init_keys="adam",
+    own_init_keys=(),
+    # training_rules.adoc v4.1 and training_4.1.0/closed_gpt3.yaml; the checker sees none of these in the log.
+    closed=(
+        Fixed("model.seq_len"),
+        _shape(
+            ("n_layers", "model.n_layers", 96), ("d_model", "model.d_model", 12288), ("n_heads", "model.n_heads", 96)
+        ),
+        Fixed("model.ffn_size", 4 * 12288, label="model.d_ff", note="(4 x d_model)"),
+        Fixed("model.vocab_size", 50257),
+        GbsRange(1536, 8192),  # the RCPs' batch sizes
+        LrSteps(low=2e-5, low_max_gbs=3072, high=3e-5, high_min_gbs=4096),
+        Fixed("optim.end_lr_ratio", 0.1, why="{name} requires end LR = base/10"),
+        # In steps, not samples: the logged steps are what the rule fixes (265, 108,600 and 4,000 steps at 1536).
+        Steps("warmup", 265, base_gbs=1536),
+        Steps("decay", 108_600, base_gbs=1536),
+        Steps("checkpoint", 4000, base_gbs=1536),
+        *_recipe(beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0),
+    ),
 )
 
 LLAMA2_70B_LORA = BenchmarkSpec(
@@ -168,6 +402,31 @@ LLAMA2_70B_LORA = BenchmarkSpec(
     plot_gpu_counts=(8, 16, 32, 64, 128, 256, 512, 1024),
     proxy_base_preset="llama-proxy",
     extra_calibration_files=("mlperf_v5_llama2_70b_lora_calibration.csv",),
+    init_keys="lora",
+    own_init_keys=(),
+    # training_rules.adoc: clip 0.3, LoRA dropout 0.1, alpha 32, weight decay 1e-4, sequence length 8192 (its table
+    # says 8196, a typo: the reference and the packed dataset use 8192); closed_llama2_70b_lora.yaml: rank 16. Not in
+    # the table, hence the reference's (HF AdamW defaults and its cosine to 0, NVIDIA's NeMo config alike): betas
+    # 0.9/0.999, eps 1e-8, end LR 0. GBS (within the RCPs' 8-128), base LR, warm-up and training steps are free.
+    closed=(
+        Fixed("model.arch"),
+        Fixed("model.seq_len"),
+        _llama_shape(n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, d_ff=28672, vocab=32000),
+        Fixed("lora.rank", 16),
+        Fixed("lora.targets", frozenset({"qkv", "proj"}), note="(attention QKV and output)"),
+        Fixed("lora.alpha", 32.0),
+        Fixed("lora.dropout", 0.1),
+        Fixed("optim.weight_decay", 1e-4),
+        Fixed("optim.grad_clip", 0.3),
+        Fixed("optim.beta1", 0.9),
+        Fixed("optim.beta2", 0.999),
+        Fixed("optim.eps", 1e-8),
+        Fixed("optim.end_lr_ratio", 0.0),
+        Fixed("train.target_eval_loss"),
+        Fixed("optim.checkpoint_samples", 0, why="LoRA fine-tuning starts its schedule at step 0"),
+        Fixed("train.eval_interval_samples"),
+        GbsRange(8, 128),  # rcp_checker/training_4.1.0/rcps_llama2_70b_lora.json: GBS 8, 16, 32, 128
+    ),
 )
 
 LLAMA31_405B = BenchmarkSpec(
@@ -196,6 +455,23 @@ LLAMA31_405B = BenchmarkSpec(
     plot_gpu_counts=(256, 512, 1024, 2048, 4096, 8192, 16384),
     # Continued pre-training, like 405B from Meta's checkpoint: the base is llama31_8b's proxy trained to its target.
     proxy_base_preset="llama31-8b-proxy",
+    init_keys="adamw",
+    own_init_keys=("init_checkpoint_step",),  # closed_llama31_405b.yaml: init_checkpoint_step == 0
+    # closed_llama31_405b.yaml (5.0.0-6.0.0): continued pre-training from Meta's checkpoint, whose schedule still
+    # starts at step 0. opt_base_learning_rate * 1152 == GBS * 8e-5; warm-up ceil(8000 * 1152 / GBS) steps; the
+    # cosine ends at ceil(1200000 * 1152 / GBS) steps (logged as decay steps = that - warm-up, 5.1.0 on).
+    closed=(
+        Fixed("model.arch"),
+        Fixed("model.seq_len"),
+        _llama_shape(n_layers=126, d_model=16384, n_heads=128, n_kv_heads=8, d_ff=53248, vocab=128256),
+        GbsRange(1152, 4608),  # rcps_llama31_405b.json, 6.0.0: GBS 1152, 2304, 4608 (5.0.0's table: 1008-9216)
+        LrLinear(base_lr=8e-5, base_gbs=1152),
+        Steps("warmup", 8000, base_gbs=1152),
+        Steps("decay", 1_200_000, base_gbs=1152),
+        Fixed("optim.checkpoint_samples", 0, why="{name} starts its schedule at step 0 (init_checkpoint_step == 0)"),
+        *_recipe(beta2=0.95, eps=1e-5, weight_decay=0.1, clip=1.0),
+        _FULL_WEIGHTS,
+    ),
 )
 
 LLAMA31_8B = BenchmarkSpec(
@@ -222,6 +498,20 @@ LLAMA31_8B = BenchmarkSpec(
     default_gbs=64,  # the llama31-8b preset's, an RCP batch size (16-128)
     plot_gpu_counts=(8, 16, 32, 64, 128, 256),
     proxy_base_preset="",
+    init_keys="adamw",
+    own_init_keys=("max_steps",),  # closed_llama31_8b.yaml: max_steps == 1200000
+    # closed_llama31_8b.yaml (5.1.0-6.1.0): from scratch; LR and warm-up are free, the cosine ends at step 1,200,000
+    # at every GBS (decay steps = 1200000 - warm-up).
+    closed=(
+        Fixed("model.arch"),
+        Fixed("model.seq_len"),
+        _llama_shape(n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, d_ff=14336, vocab=128256),
+        GbsRange(16, 128),  # rcps_llama31_8b.json, 5.1.0-6.1.0: GBS 16, 32, 64, 96, 128
+        Steps("decay", 1_200_000),
+        _FROM_SCRATCH,
+        *_recipe(beta2=0.95, eps=1e-5, weight_decay=0.1, clip=1.0),
+        _FULL_WEIGHTS,
+    ),
 )
 
 DEEPSEEKV3_671B = BenchmarkSpec(
@@ -251,6 +541,24 @@ DEEPSEEKV3_671B = BenchmarkSpec(
     proxy_base_preset="",
     eval_skip_samples=24576,
     eval_skip_min_gbs=15360,  # closed_deepseekv3_671b.yaml: global_batch_size >= 15360
+    init_keys="adamw",
+    own_init_keys=("max_steps", "moe_aux_loss_coeff"),  # closed_deepseekv3_671b.yaml: max_steps (any), coeff 0.01
+    # closed_deepseekv3_671b.yaml: continued pre-training whose schedule starts at step 0, GBS >= 15,360, LR
+    # 2.4e-5 * sqrt(GBS / 16384), 4 warm-up steps, the cosine ending at step 12,000, auxiliary loss coefficient 0.01.
+    closed=(
+        Fixed("model.arch"),
+        Fixed("model.seq_len"),
+        _moe_shape(61, 7168, 128, 129280, experts=256, top_k=8, d_ff=2048, shared=1),
+        GbsRange(15360, 18432),  # rules: >= 15360; rcps_deepseekv3_671b.json, 6.0.0-6.1.0: 15360, 16384, 18432
+        Fixed("model.moe.first_dense", 3),
+        LrSqrt(base_lr=2.4e-5, base_gbs=16384),
+        Steps("warmup", 4),
+        Steps("decay", 12_000),
+        Fixed("model.moe.aux_loss_coef", 0.01, exact=True),
+        Fixed("optim.checkpoint_samples", 0, why="{name} starts at step 0"),
+        *_recipe(beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0),
+        _FULL_WEIGHTS,
+    ),
 )
 
 GPT_OSS_20B = BenchmarkSpec(
@@ -276,6 +584,19 @@ GPT_OSS_20B = BenchmarkSpec(
     default_gbs=16,  # the RCP reference's (AMD, 1x MI355X); RCPs for 16, 32 and 64
     plot_gpu_counts=(8, 16, 32, 64, 128),
     proxy_base_preset="",
+    init_keys="adamw",
+    own_init_keys=("max_steps",),  # closed_gpt_oss_20b.yaml: max_steps == 1200000
+    # closed_gpt_oss_20b.yaml (6.0.0-6.1.0): from scratch; LR and warm-up are free, the cosine ends at step 1,200,000.
+    closed=(
+        Fixed("model.arch"),
+        Fixed("model.seq_len"),
+        _moe_shape(24, 2880, 64, 201088, experts=32, top_k=4, d_ff=2880, shared=0),
+        GbsRange(16, 64),  # rcps_gpt_oss_20b.json, 6.0.0-6.1.0: GBS 16, 32, 64
+        Steps("decay", 1_200_000),
+        _FROM_SCRATCH,
+        *_recipe(beta2=0.95, eps=1e-5, weight_decay=0.1, clip=1.0),
+        _FULL_WEIGHTS,
+    ),
 )
 
 BENCHMARKS: dict[str, BenchmarkSpec] = {

@@ -29,13 +29,14 @@ def train_losses(rank, world_size, corpus_paths, extra, run_dir, steps=STEPS):
     from scaletrain.train.engine import Trainer
     cfg = resolve("gpt3-proxy", overrides=_overrides(corpus_paths, extra) + [f"train.run_dir={run_dir}"])
     trainer = Trainer(cfg, run_dir)
-    trainer.init()
-    out = [trainer.train_step() for _ in range(steps)]
+    with trainer.running():  # times the collective waits (comm_exposed_s), as run_loop does
+        trainer.init()
+        out = [trainer.train_step() for _ in range(steps)]
+        eval_loss = trainer.evaluate()
+        trainer.finish({})
     losses = [r["loss"] for r in out]
     norms = [r["grad_norm"] for r in out]
     comm = [r["comm_exposed_s"] for r in out]
-    eval_loss = trainer.evaluate()
-    trainer.finish({})
     return {"losses": losses, "grad_norms": norms, "eval": eval_loss, "layout": trainer.layout.describe(),
             "comm_exposed_s": comm}
 

@@ -301,7 +301,7 @@ def _load_unscanned(ckpt: str, precious: str) -> dict:
     """_load_and_probe with the pre-scan switched off: the post-load check alone must catch and undo the change."""
     from scaletrain.checkpoint import safe_load
 
-    safe_load._prescan = lambda data: None
+    safe_load.prescan = lambda data: None
     return _load_and_probe(ckpt, precious)
 
 

@@ -12,16 +12,17 @@ import pytest
 
 from scaletrain import benchmarks
 from scaletrain.bench.checker import check_log, check_rcp, ruleset
+from scaletrain.bench.closed import official_rule_violations
 from scaletrain.bench.mllog import read_mllog
-from scaletrain.bench.rules import official_rule_violations
-from scaletrain.bench.rules_llama31 import LLAMA31_8B, LLAMA31_405B
+from scaletrain.bench.rules import mllog_hparams
 from scaletrain.bench.scripted import scripted_run, scripted_submission
+from scaletrain.benchmarks import GbsRange, LrLinear, Steps
 from scaletrain.config import resolve
 
 yaml = pytest.importorskip("yaml")
 pytest.importorskip("mlperf_logging")
 
-RULES = {"llama31_405b": LLAMA31_405B, "llama31_8b": LLAMA31_8B}
+RULES = {name: benchmarks.get(name) for name in ("llama31_405b", "llama31_8b")}
 PRESET = {"llama31_405b": "llama31-405b", "llama31_8b": "llama31-8b"}
 
 
@@ -48,14 +49,15 @@ def _config(name: str, gbs: int | None = None, *overrides: str):
     if gbs is not None:
         ov.append(f"train.global_batch_size={gbs}")
         if name == "llama31_405b":
-            ov.append(f"optim.lr={LLAMA31_405B.lr(gbs)!r}")
+            ov.append(f"optim.lr={RULES[name].rule(LrLinear).at(gbs)!r}")
         else:
-            ov.append(f"optim.decay_samples={LLAMA31_8B.MAX_STEPS * gbs}")
+            ov.append(f"optim.decay_samples={RULES[name].rule(Steps, 'decay').steps * gbs}")
     return resolve(PRESET[name], overrides=[*ov, *overrides])
 
 
 def _eval_samples(name: str) -> int:
-    return RULES[name].EVAL_SAMPLES
+    spec = RULES[name]
+    return spec.eval_tokens // spec.seq_len
 
 
 def test_rulesets_are_the_newest_the_package_ships():
@@ -69,20 +71,21 @@ def test_rulesets_are_the_newest_the_package_ships():
 
 @pytest.mark.parametrize("name", list(RULES))
 def test_constants_are_the_packages(name):
-    spec, R = benchmarks.get(name), RULES[name]
+    spec = RULES[name]
     rules = ruleset(name)
     checks = _checks(name, rules)
     assert checks["max_sequence_length"]["CHECK"].strip() == f"v['value'] == {spec.seq_len}"
-    assert checks["eval_samples"]["CHECK"].strip() == f"v['value'] == {R.EVAL_SAMPLES}"
-    assert spec.eval_tokens == R.EVAL_SAMPLES * spec.seq_len
+    assert checks["eval_samples"]["CHECK"].strip() == f"v['value'] == {_eval_samples(name)}"
+    assert spec.eval_tokens == _eval_samples(name) * spec.seq_len
     assert f"v['value'] <= {spec.target}" in checks["eval_accuracy"]["ATLEAST_ONE_CHECK"]
-    assert checks["opt_name"]["CHECK"].strip() == f"v['value'] == '{R.OPT_NAME}'"
+    opt_name = dict(mllog_hparams(_config(name), 1, "8xTEST", dp_size=8))["opt_name"]
+    assert checks["opt_name"]["CHECK"].strip() == f"v['value'] == '{opt_name}'"
     for key, value in (
-        ("opt_adamw_beta_1", R.BETA1),
-        ("opt_adamw_beta_2", R.BETA2),
-        ("opt_adamw_epsilon", R.EPS),
-        ("opt_adamw_weight_decay", R.WEIGHT_DECAY),
-        ("opt_gradient_clip_norm", R.GRAD_CLIP),
+        ("opt_adamw_beta_1", spec.required("optim.beta1")),
+        ("opt_adamw_beta_2", spec.required("optim.beta2")),
+        ("opt_adamw_epsilon", spec.required("optim.eps")),
+        ("opt_adamw_weight_decay", spec.required("optim.weight_decay")),
+        ("opt_gradient_clip_norm", spec.required("optim.grad_clip")),
     ):
         assert eval(checks[key]["CHECK"], {"v": {"value": value}}), key
         assert not eval(checks[key]["CHECK"], {"v": {"value": value * 1.5}}), key
@@ -90,25 +93,27 @@ def test_constants_are_the_packages(name):
         assert checks["init_checkpoint_step"]["CHECK"].strip() == "v['value'] == 0"
         lr_check = checks["opt_base_learning_rate"]["CHECK"]
         decay_check = checks["opt_learning_rate_decay_steps"]["CHECK"]
+        lr, warmup, total = spec.rule(LrLinear), spec.rule(Steps, "warmup"), spec.rule(Steps, "decay")
         for gbs in (1152, 1728, 2304, 4608, 9216):
             s = {"global_batch_size": gbs}
-            assert eval(lr_check, {"v": {"value": R.lr(gbs)}, "s": s})
-            assert not eval(lr_check, {"v": {"value": R.lr(1152)}, "s": s}) or gbs == 1152
+            assert eval(lr_check, {"v": {"value": lr.at(gbs)}, "s": s})
+            assert not eval(lr_check, {"v": {"value": lr.at(1152)}, "s": s}) or gbs == 1152
             post = {"s": dict(s), "math": math}
             exec(checks["opt_learning_rate_warmup_steps"]["POST"], post)
-            assert post["s"]["opt_learning_rate_warmup_steps"] == R.warmup_steps(gbs)
-            v = {"value": R.total_steps(gbs) - R.warmup_steps(gbs)}
+            assert post["s"]["opt_learning_rate_warmup_steps"] == warmup.at(gbs)
+            v = {"value": total.at(gbs) - warmup.at(gbs)}
             assert eval(decay_check, {"v": v, "s": post["s"], "math": math})
     else:
-        assert checks["max_steps"]["CHECK"].strip() == f"v['value'] == {R.MAX_STEPS}"
+        max_steps = spec.rule(Steps, "decay").steps
+        assert checks["max_steps"]["CHECK"].strip() == f"v['value'] == {max_steps}"
         s = {"opt_learning_rate_warmup_steps": 96}
-        assert eval(checks["opt_learning_rate_decay_steps"]["CHECK"], {"v": {"value": R.MAX_STEPS - 96}, "s": s})
+        assert eval(checks["opt_learning_rate_decay_steps"]["CHECK"], {"v": {"value": max_steps - 96}, "s": s})
     # Runs per submission, RCP batch sizes, and the eval cadence the RCPs' granularity shows.
     from mlperf_logging.benchmark_meta import _ALL_RESULT_FILE_COUNTS
 
     assert _ALL_RESULT_FILE_COUNTS["training"][name] == spec.runs
     rcps = _rcps(name, rules)
-    assert (min(rcps), max(rcps)) == (R.GBS_MIN, R.GBS_MAX)
+    assert (min(rcps), max(rcps)) == (spec.rule(GbsRange).low, spec.rule(GbsRange).high)
     off_grid = {bs for bs, conv in rcps.items() if any(c % spec.eval_every_sequences for c in conv)}
     assert off_grid == (set() if name == "llama31_405b" else {96})  # 8B's GBS-96 reference evaluated every 129 steps
 
@@ -141,7 +146,7 @@ def test_official_log_passes_the_checker(tmp_path, name, gbs):
         and init["train_samples"] == 2 * math.ceil(benchmarks.get(name).eval_every_sequences / g) * g
     )
     assert init["opt_learning_rate_warmup_steps"] + init["opt_learning_rate_decay_steps"] == (
-        LLAMA31_405B.total_steps(g) if name == "llama31_405b" else LLAMA31_8B.MAX_STEPS
+        RULES[name].rule(Steps, "decay").at(g)
     )
     evals = [e for e in events if e["key"] == "eval_accuracy"]
     assert [e["metadata"]["samples_count"] for e in evals] == [

@@ -4,7 +4,6 @@ the size-bound keys only), and planted schedule breaks fail."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -12,8 +11,8 @@ import pytest
 from scaletrain import benchmarks
 from scaletrain.bench.checker import check_log, known, proxy_rules_path
 from scaletrain.bench.mllog import read_mllog
-from scaletrain.bench.rules_llama31 import LLAMA31, LLAMA31_405B_PROXY
 from scaletrain.bench.scripted import scripted_run
+from scaletrain.benchmarks import LrLinear, Steps
 from scaletrain.config import resolve
 
 yaml = pytest.importorskip("yaml")
@@ -22,7 +21,13 @@ pytest.importorskip("mlperf_logging")
 PROXY = {"llama31_8b": "llama31_8b-proxy", "llama31_405b": "llama31_405b-proxy"}
 # Official keys whose record the proxy replaces (size-bound), besides the two that would enqueue official files.
 RELAXED = {
-    "llama31_8b": {"max_sequence_length", "eval_samples", "eval_accuracy", "opt_learning_rate_decay_steps", "max_steps"},
+    "llama31_8b": {
+        "max_sequence_length",
+        "eval_samples",
+        "eval_accuracy",
+        "opt_learning_rate_decay_steps",
+        "max_steps",
+    },
     "llama31_405b": {
         "max_sequence_length",
         "eval_samples",
@@ -62,17 +67,24 @@ def test_proxy_rules_keep_every_other_official_requirement(name):
     assert PROXY[name] in known()
 
 
+# The 405B proxy's form of the official schedule rules (bench/rules/llama31_405b_proxy.yaml): the same formulas with
+# the constants scaled to the CPU proxy. LR 2e-3 * GBS / 32, warm-up ceil(64 * 32 / GBS) steps, cosine to
+# ceil(20000 * 32 / GBS) steps; at GBS 32 an evaluation every 16 steps, as 405B's every 18,432 samples at 1152.
+PROXY_LR = LrLinear(base_lr=2e-3, base_gbs=32)
+PROXY_WARMUP, PROXY_DECAY = Steps("warmup", 64, base_gbs=32), Steps("decay", 20_000, base_gbs=32)
+
+
 def test_405b_proxy_preset_follows_the_proxy_schedule_rule():
     cfg = resolve("llama31-405b-proxy")
-    R, o, gbs = LLAMA31_405B_PROXY, cfg.optim, cfg.train.global_batch_size
-    assert o.lr * R.BASE_GBS == gbs * R.BASE_LR
-    assert o.warmup_steps(gbs) == math.ceil(R.WARMUP_STEPS_AT_BASE * R.BASE_GBS / gbs)
-    assert o.decay_steps(gbs) == math.ceil(R.TOTAL_STEPS_AT_BASE * R.BASE_GBS / gbs)
+    R, o, gbs = PROXY_LR, cfg.optim, cfg.train.global_batch_size
+    assert o.lr * R.base_gbs == gbs * R.base_lr
+    assert o.warmup_steps(gbs) == PROXY_WARMUP.at(gbs)
+    assert o.decay_steps(gbs) == PROXY_DECAY.at(gbs)
     # 405B evaluates every 16 steps at its base GBS (18,432 / 1152); the proxy does at its own.
     assert cfg.train.eval_interval_samples // gbs == benchmarks.LLAMA31_405B.eval_every_sequences // 1152
     text = proxy_rules_path("llama31_405b-proxy").read_text()
-    assert f"v['value'] * {R.BASE_GBS} == s['global_batch_size'] * 2e-3" in text and R.BASE_LR == 2e-3
-    assert f"math.ceil({R.WARMUP_STEPS_AT_BASE} * {R.BASE_GBS} / s['global_batch_size'] )" in text
+    assert f"v['value'] * {R.base_gbs} == s['global_batch_size'] * 2e-3" in text and R.base_lr == 2e-3
+    assert f"math.ceil({PROXY_WARMUP.steps} * {PROXY_WARMUP.base_gbs} / s['global_batch_size'] )" in text
     assert benchmarks.get("llama31_405b-proxy").proxy_base_preset == "llama31-8b-proxy"
 
 
@@ -80,13 +92,9 @@ def test_405b_proxy_preset_follows_the_proxy_schedule_rule():
 def test_proxy_presets_keep_the_fixed_llama31_recipe(preset):
     cfg = resolve(preset)
     o, m = cfg.optim, cfg.model
-    assert (o.beta1, o.beta2, o.eps, o.weight_decay, o.grad_clip) == (
-        LLAMA31.BETA1,
-        LLAMA31.BETA2,
-        LLAMA31.EPS,
-        LLAMA31.WEIGHT_DECAY,
-        LLAMA31.GRAD_CLIP,
-    )
+    official = benchmarks.get(cfg.bench.benchmark)
+    fields = ("optim.beta1", "optim.beta2", "optim.eps", "optim.weight_decay", "optim.grad_clip")
+    assert (o.beta1, o.beta2, o.eps, o.weight_decay, o.grad_clip) == tuple(official.required(f) for f in fields)
     assert m.arch == "llama31" and m.rope_scaling == "llama3" and cfg.data.default_tokenizer == "bpe"
     assert cfg.bench.runs == benchmarks.get(cfg.bench.benchmark).runs and o.checkpoint_samples == 0
 
@@ -99,7 +107,7 @@ def _proxy_config(preset: str, *overrides: str):
 def test_scripted_proxy_log_passes_the_proxy_rules_only(tmp_path, preset, gbs):
     ov = [f"train.global_batch_size={gbs}", "train.micro_batch_size=16"]
     if preset == "llama31-405b-proxy":
-        ov.append(f"optim.lr={LLAMA31_405B_PROXY.BASE_LR * gbs / LLAMA31_405B_PROXY.BASE_GBS!r}")
+        ov.append(f"optim.lr={PROXY_LR.at(gbs)!r}")
     cfg = _proxy_config(preset, *ov)
     result, _ = scripted_run(cfg, tmp_path, [3.4, 2.9], platform="1xCPU", eval_samples=97)
     assert result["status"] == "success"

@@ -12,9 +12,10 @@ from rich.console import Console
 
 from scaletrain import benchmarks
 from scaletrain.bench.checker import check_log, known, proxy_rules_path
+from scaletrain.bench.closed import official_rule_violations
 from scaletrain.bench.harness import run_benchmark
 from scaletrain.bench.mllog import read_mllog
-from scaletrain.bench.rules import mllog_hparams, official_rule_violations
+from scaletrain.bench.rules import mllog_hparams
 from scaletrain.bench.score import olympic_score, required_runs
 from scaletrain.bench.scripted import ScriptedEngine, lora_reference_config, scripted_run
 from scaletrain.sim.mlperf import convergence

@@ -13,17 +13,17 @@ import pytest
 
 from scaletrain import benchmarks
 from scaletrain.bench.checker import check_log, check_rcp, ruleset
+from scaletrain.bench.closed import official_rule_violations
 from scaletrain.bench.mllog import read_mllog
-from scaletrain.bench.rules import official_rule_violations
-from scaletrain.bench.rules_moe import DEEPSEEKV3_671B, GPT_OSS_20B
-from scaletrain.bench.rules_pretrain import OWN_KEYS
+from scaletrain.bench.rules import mllog_hparams
 from scaletrain.bench.scripted import scripted_run, scripted_submission
+from scaletrain.benchmarks import GbsRange, LrSqrt, Steps
 from scaletrain.config import resolve
 
 yaml = pytest.importorskip("yaml")
 pytest.importorskip("mlperf_logging")
 
-RULES = {"gpt_oss_20b": GPT_OSS_20B, "deepseekv3_671b": DEEPSEEKV3_671B}
+RULES = {name: benchmarks.get(name) for name in ("gpt_oss_20b", "deepseekv3_671b")}
 PRESET = {"gpt_oss_20b": "gpt-oss-20b", "deepseekv3_671b": "deepseek-v3-671b"}
 
 
@@ -43,11 +43,11 @@ def _config(name: str, gbs: int | None = None, *overrides: str):
     ov = []
     if gbs is not None:
         ov.append(f"train.global_batch_size={gbs}")
+        spec = RULES[name]
         if name == "deepseekv3_671b":
-            R = DEEPSEEKV3_671B
-            ov += [f"optim.lr={R.lr(gbs)!r}", f"optim.warmup_samples={4 * gbs}", f"optim.decay_samples={12000 * gbs}"]
-        else:
-            ov.append(f"optim.decay_samples={GPT_OSS_20B.MAX_STEPS * gbs}")
+            ov.append(f"optim.lr={spec.rule(LrSqrt).at(gbs)!r}")
+            ov.append(f"optim.warmup_samples={spec.rule(Steps, 'warmup').steps * gbs}")
+        ov.append(f"optim.decay_samples={spec.rule(Steps, 'decay').steps * gbs}")
     return resolve(PRESET[name], overrides=[*ov, *overrides])
 
 
@@ -55,50 +55,48 @@ def test_rulesets_and_keys():
     for name in RULES:
         assert benchmarks.package_rulesets(name) == ("6.0.0", "6.1.0") and ruleset(name) == "6.1.0"
         official = set(_checks(name))
-        own = {key for key, _ in OWN_KEYS[name]}
-        # Every key of the closed file is one pretrain_hparams logs (eval_accuracy is the loop's).
+        own = set(RULES[name].own_init_keys)
+        # Every key of the closed file is one mllog_hparams logs (eval_accuracy is the loop's).
         cfg = _config(name)
-        from scaletrain.bench.rules import mllog_hparams
-
         logged = {k for k, _ in mllog_hparams(cfg, 1024, "8xTEST", dp_size=8)}
         assert official - {"eval_accuracy"} <= logged and own <= official
 
 
 @pytest.mark.parametrize("name", list(RULES))
 def test_constants_are_the_packages(name):
-    spec, R, checks = benchmarks.get(name), RULES[name], _checks(name)
+    spec, checks = RULES[name], _checks(name)
     assert checks["max_sequence_length"]["CHECK"].strip() == f"v['value'] == {spec.seq_len}"
-    assert checks["eval_samples"]["CHECK"].strip() == f"v['value'] == {R.EVAL_SAMPLES}"
-    assert spec.eval_tokens == R.EVAL_SAMPLES * spec.seq_len
+    assert checks["eval_samples"]["CHECK"].strip() == "v['value'] == 1024"
+    assert spec.eval_tokens == 1024 * spec.seq_len
     assert f"v['value'] <= {spec.target}" in checks["eval_accuracy"]["ATLEAST_ONE_CHECK"]
     for key, value in (
-        ("opt_adamw_beta_1", R.BETA1),
-        ("opt_adamw_beta_2", R.BETA2),
-        ("opt_adamw_epsilon", R.EPS),
-        ("opt_adamw_weight_decay", R.WEIGHT_DECAY),
-        ("opt_gradient_clip_norm", R.GRAD_CLIP),
+        ("opt_adamw_beta_1", spec.required("optim.beta1")),
+        ("opt_adamw_beta_2", spec.required("optim.beta2")),
+        ("opt_adamw_epsilon", spec.required("optim.eps")),
+        ("opt_adamw_weight_decay", spec.required("optim.weight_decay")),
+        ("opt_gradient_clip_norm", spec.required("optim.grad_clip")),
     ):
         assert eval(checks[key]["CHECK"], {"v": {"value": value}}), key
         assert not eval(checks[key]["CHECK"], {"v": {"value": value * 1.5}}), key
     path = _pkg() / "rcp_checker" / f"training_{ruleset(name)}" / f"rcps_{name}.json"
     rcps = {r["BS"]: r[spec.rcp_key] for r in json.loads(path.read_text()).values()}
-    assert (min(rcps), max(rcps)) == (R.GBS_MIN, R.GBS_MAX)
+    gbs_range = spec.rule(GbsRange)
+    assert (min(rcps), max(rcps)) == (gbs_range.low, gbs_range.high)
     if name == "gpt_oss_20b":
-        assert checks["max_steps"]["CHECK"].strip() == f"v['value'] == {R.MAX_STEPS}"
+        assert checks["max_steps"]["CHECK"].strip() == f"v['value'] == {spec.rule(Steps, 'decay').steps}"
         # Every converged count is a whole number of evaluations.
         assert all(c % spec.eval_every_sequences == 0 for conv in rcps.values() for c in conv)
         return
-    D = DEEPSEEKV3_671B
-    assert checks["moe_aux_loss_coeff"]["CHECK"].strip() == f"v['value'] == {D.AUX_LOSS_COEFF}"
-    assert checks["opt_learning_rate_warmup_steps"]["CHECK"].strip() == f"v['value'] == {D.WARMUP_STEPS}"
+    warmup, total = spec.rule(Steps, "warmup").steps, spec.rule(Steps, "decay").steps
+    assert checks["moe_aux_loss_coeff"]["CHECK"].strip() == f"v['value'] == {spec.required('model.moe.aux_loss_coef')}"
+    assert checks["opt_learning_rate_warmup_steps"]["CHECK"].strip() == f"v['value'] == {warmup}"
     s = {"opt_learning_rate_warmup_steps": 4}
-    assert eval(checks["opt_learning_rate_decay_steps"]["CHECK"], {"v": {"value": D.TOTAL_STEPS - 4}, "s": s})
-    assert eval(checks["global_batch_size"]["CHECK"], {"v": {"value": D.GBS_MIN}})
-    assert not eval(checks["global_batch_size"]["CHECK"], {"v": {"value": D.GBS_MIN - 1}})
+    assert eval(checks["opt_learning_rate_decay_steps"]["CHECK"], {"v": {"value": total - 4}, "s": s})
+    assert eval(checks["global_batch_size"]["CHECK"], {"v": {"value": gbs_range.low}})
+    assert not eval(checks["global_batch_size"]["CHECK"], {"v": {"value": gbs_range.low - 1}})
     for gbs in (15360, 16384, 18432, 32768):
-        assert eval(
-            checks["opt_base_learning_rate"]["CHECK"], {"v": {"value": D.lr(gbs)}, "s": {"global_batch_size": gbs}}
-        )
+        lr = spec.rule(LrSqrt).at(gbs)
+        assert eval(checks["opt_base_learning_rate"]["CHECK"], {"v": {"value": lr}, "s": {"global_batch_size": gbs}})
         # The registry's skip puts the first evaluation (every step at GBS >= 15,360) where FIRST_CHECK wants it.
         meta = {"metadata": {"samples_count": (spec.skipped_evals(gbs) + 1) * gbs}}
         assert eval(checks["eval_accuracy"]["FIRST_CHECK"], {"v": meta, "s": {"global_batch_size": gbs}, "math": math})
@@ -134,7 +132,7 @@ def test_official_log_passes_the_checker(tmp_path, name, gbs):
     if name == "deepseekv3_671b":
         assert init["moe_aux_loss_coeff"] == 0.01 and init["max_steps"] == 12000 and evals[0] == 43 * g
     else:
-        assert init["max_steps"] == GPT_OSS_20B.MAX_STEPS and init["submission_benchmark"] == "gpt_oss_20b"
+        assert init["max_steps"] == 1_200_000 and init["submission_benchmark"] == "gpt_oss_20b"
     check = check_log(tmp_path / "mllog.txt", name)
     assert check.ok, check.output
     assert f"training_6.1.0/closed_{name}.yaml" in check.output
@@ -188,8 +186,6 @@ def test_scripted_submission_passes_the_rcp_checker(tmp_path, name, gbs, evals):
 
 
 def test_expert_parallel_degree_is_disclosed():
-    from scaletrain.bench.rules import mllog_hparams
-
     cfg = _config("deepseekv3_671b", None, "parallel.ep=8")
     logged = dict(mllog_hparams(cfg, 1024, "64xTEST", dp_size=64))
     assert logged["expert_parallelism"] == 8 and logged["moe_aux_loss_coeff"] == 0.01

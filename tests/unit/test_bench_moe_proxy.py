@@ -11,8 +11,8 @@ import pytest
 from scaletrain import benchmarks
 from scaletrain.bench.checker import check_log, known, proxy_rules_path
 from scaletrain.bench.mllog import read_mllog
-from scaletrain.bench.rules_moe import DEEPSEEKV3_671B, DEEPSEEKV3_671B_PROXY, GPT_OSS_20B
 from scaletrain.bench.scripted import scripted_run
+from scaletrain.benchmarks import LrSqrt, Steps
 from scaletrain.config import resolve
 
 yaml = pytest.importorskip("yaml")
@@ -20,6 +20,9 @@ pytest.importorskip("mlperf_logging")
 
 PROXY = {"gpt_oss_20b": "gpt_oss_20b-proxy", "deepseekv3_671b": "deepseekv3_671b-proxy"}
 PRESET = {"gpt_oss_20b": "gpt-oss-20b-proxy", "deepseekv3_671b": "deepseek-v3-671b-proxy"}
+# deepseekv3_671b-proxy's form of the LR rule (bench/rules/deepseekv3_671b_proxy.yaml): 3e-3 * sqrt(GBS / 32). The
+# warm-up (4 steps), the cosine's end (step 12,000) and the auxiliary loss coefficient are the official ones.
+PROXY_LR = LrSqrt(base_lr=3e-3, base_gbs=32)
 # Official keys whose record the proxy replaces (size-bound), besides the two that would enqueue official files.
 RELAXED = {
     "gpt_oss_20b": {
@@ -68,21 +71,21 @@ def test_proxy_rules_keep_every_other_official_requirement(name):
     assert proxy_name in known() and proxy_name in benchmarks.names()
     if name == "deepseekv3_671b":
         assert proxy["moe_aux_loss_coeff"]["CHECK"].strip() == "v['value'] == 0.01"
-        R = DEEPSEEKV3_671B_PROXY
-        assert R.BASE_LR == 3e-3
-        assert f"3e-3 * (s['global_batch_size'] / {R.BASE_GBS}) ** 0.5" in proxy["opt_base_learning_rate"]["CHECK"]
+        assert PROXY_LR.base_lr == 3e-3
+        lr_check = proxy["opt_base_learning_rate"]["CHECK"]
+        assert f"3e-3 * (s['global_batch_size'] / {PROXY_LR.base_gbs}) ** 0.5" in lr_check
+
+
+def _recipe(spec) -> tuple:
+    return tuple(
+        spec.required(f) for f in ("optim.beta1", "optim.beta2", "optim.eps", "optim.weight_decay", "optim.grad_clip")
+    )
 
 
 def test_gpt_oss_proxy_keeps_the_architecture_and_recipe():
     cfg = resolve("gpt-oss-20b-proxy")
-    m, o, R = cfg.model, cfg.optim, GPT_OSS_20B
-    assert (o.beta1, o.beta2, o.eps, o.weight_decay, o.grad_clip) == (
-        R.BETA1,
-        R.BETA2,
-        R.EPS,
-        R.WEIGHT_DECAY,
-        R.GRAD_CLIP,
-    )
+    m, o = cfg.model, cfg.optim
+    assert (o.beta1, o.beta2, o.eps, o.weight_decay, o.grad_clip) == _recipe(benchmarks.GPT_OSS_20B)
     assert m.arch == "gpt_oss" and m.attn_sinks and m.sliding_window > 0 and m.swiglu_limit > 0
     assert m.rope_scaling == "yarn" and m.moe.router_bias and m.moe.score_func == "softmax"
     assert m.moe.n_experts > m.moe.top_k > 1 and cfg.data.default_tokenizer == "bpe"
@@ -92,20 +95,14 @@ def test_gpt_oss_proxy_keeps_the_architecture_and_recipe():
 
 def test_deepseek_proxy_keeps_the_architecture_and_recipe():
     cfg = resolve("deepseek-v3-671b-proxy")
-    m, o, R, gbs = cfg.model, cfg.optim, DEEPSEEKV3_671B, cfg.train.global_batch_size
-    assert (o.beta1, o.beta2, o.eps, o.weight_decay, o.grad_clip) == (
-        R.BETA1,
-        R.BETA2,
-        R.EPS,
-        R.WEIGHT_DECAY,
-        R.GRAD_CLIP,
-    )
+    m, o, R, gbs = cfg.model, cfg.optim, benchmarks.DEEPSEEKV3_671B, cfg.train.global_batch_size
+    assert (o.beta1, o.beta2, o.eps, o.weight_decay, o.grad_clip) == _recipe(R)
     assert m.arch == "deepseek_v3" and m.mla.kv_lora_rank > 0 and m.mla.q_lora_rank > 0 and m.mla.qk_rope_head_dim > 0
     mo = m.moe
     assert mo.first_dense == 1 and mo.n_shared == 1 and mo.score_func == "sigmoid" and mo.topk_groups < mo.n_groups
-    assert mo.aux_loss_coef == R.AUX_LOSS_COEFF and mo.bias_update_rate > 0
-    assert abs(o.lr - DEEPSEEKV3_671B_PROXY.lr(gbs)) < 1e-9
-    assert (o.warmup_steps(gbs), o.decay_steps(gbs)) == (R.WARMUP_STEPS, R.TOTAL_STEPS)
+    assert mo.aux_loss_coef == R.required("model.moe.aux_loss_coef") and mo.bias_update_rate > 0
+    assert abs(o.lr - PROXY_LR.at(gbs)) < 1e-9
+    assert (o.warmup_steps(gbs), o.decay_steps(gbs)) == (R.rule(Steps, "warmup").steps, R.rule(Steps, "decay").steps)
     assert cfg.bench.runs == benchmarks.DEEPSEEKV3_671B.runs and o.checkpoint_samples == 0
     assert benchmarks.DEEPSEEKV3_671B.skipped_evals(gbs) == 0  # the proxy evaluates from its first interval
 
@@ -118,7 +115,7 @@ def _proxy_config(name: str, *overrides: str):
 def test_scripted_proxy_log_passes_the_proxy_rules_only(tmp_path, name, gbs):
     ov = [f"train.global_batch_size={gbs}", f"optim.warmup_samples={4 * gbs}", f"optim.decay_samples={12000 * gbs}"]
     if name == "deepseekv3_671b":
-        ov.append(f"optim.lr={DEEPSEEKV3_671B_PROXY.lr(gbs)!r}")
+        ov.append(f"optim.lr={PROXY_LR.at(gbs)!r}")
     cfg = _proxy_config(name, *ov)
     result, _ = scripted_run(cfg, tmp_path, [3.4, 2.9], platform="1xCPU", eval_samples=97)
     assert result["status"] == "success"

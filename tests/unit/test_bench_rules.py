@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from scaletrain.bench.checker import proxy_rules_path, verdict
-from scaletrain.bench.rules import mllog_hparams, official_rule_violations
+from scaletrain.bench.closed import official_rule_violations
+from scaletrain.bench.rules import mllog_hparams
 from scaletrain.config import resolve
 
 FIXTURE = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "gpt3_minimal_passing_4.1.0.mllog"

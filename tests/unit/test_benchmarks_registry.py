@@ -19,6 +19,9 @@ def test_every_benchmark_resolves_its_presets_rules_and_data(spec):
     assert ref.train.eval_interval_samples == spec.eval_every_sequences
     assert ref.train.target_eval_loss == spec.target
     assert ref.lora.rank > 0 if spec.lora else ref.lora.rank == 0
+    from scaletrain.bench.closed import official_rule_violations
+
+    assert official_rule_violations(ref) == []  # the reference preset keeps every closed-division rule
     # The simulator's data: RCPs from the installed package when it has them, and from the carried copy of the
     # version the simulator uses, both with records; the carried calibration rows.
     assert mlperf.rcp_records(spec.name)
@@ -53,6 +56,10 @@ def test_entries_agree_with_the_mlperf_logging_package():
         assert getattr(mllog.constants, spec.mllog_constant) == spec.name if spec.mllog_constant else spec.name == "gpt_oss_20b"
         assert _ALL_RESULT_FILE_COUNTS["training"][spec.name] == spec.runs
         assert mlperf._package_rcp_file(spec.name, benchmarks.resolve_ruleset(spec.name)) is not None
+        from scaletrain.bench.rules import OWN_KEY_VALUES
+
+        constants = {v for k, v in vars(mllog.constants).items() if k.isupper()}
+        assert set(spec.own_init_keys) <= set(OWN_KEY_VALUES) <= constants
 
 
 def test_skip_rule_is_the_training_rules_formula():
@@ -100,6 +107,7 @@ def fake(monkeypatch):
         eval_skip_offset=1,
         default_gbs=64,
         calibration_file="",  # no published results yet
+        init_keys="lora",
     )
     monkeypatch.setitem(benchmarks.BENCHMARKS, "fake", spec)
     return spec
@@ -145,3 +153,42 @@ def test_one_entry_is_enough_for_the_simulator(fake):
     assert benchmarks.for_model("fake").default_gbs == 64  # `predict --model fake` without --gbs
     pred = predict(w, ClusterLayout(gpus=8, gbs=64), "h100", converge=64 * 2048 * 100)
     assert pred.steps == 18 * 16 and pred.evals == 1 and pred.time_to_train_min is not None
+
+
+def test_a_benchmark_missing_its_facts_is_refused():
+    """No silent fallback to another benchmark's hyperparameters or rules: the entry itself is refused."""
+    with pytest.raises(ValueError, match="'fake': init_keys='' is not one of"):
+        replace(benchmarks.LLAMA31_8B, name="fake", init_keys="")
+    with pytest.raises(ValueError, match="'fake' states no closed-division rules"):
+        replace(benchmarks.LLAMA31_8B, name="fake", closed=())
+    with pytest.raises(ValueError, match="'fake': lora=True needs init_keys 'lora'"):
+        replace(benchmarks.LLAMA31_8B, name="fake", lora=True)
+
+
+def test_one_entry_gives_a_pretraining_benchmark_its_keys_and_closed_checks(monkeypatch):
+    """A new pre-training entry logs the AdamW keys plus its own (not gpt3's), and is checked by its own rules."""
+    from scaletrain.bench.closed import official_rule_violations
+    from scaletrain.bench.rules import mllog_hparams
+    from scaletrain.benchmarks import Fixed, GbsRange
+
+    spec = replace(
+        benchmarks.LLAMA31_8B,
+        name="fake8b",
+        reference_preset="llama31-8b-proxy",
+        own_init_keys=("max_steps", "moe_aux_loss_coeff"),
+        closed=(GbsRange(1, 2), Fixed("optim.beta1", 0.5), Fixed("model.seq_len")),
+    )
+    monkeypatch.setitem(benchmarks.BENCHMARKS, "fake8b", spec)
+    cfg = resolve("llama31-8b-proxy", overrides=["bench.benchmark=fake8b"])
+    logged = dict(mllog_hparams(cfg, 97, "1xCPU"))
+    assert logged["opt_name"] == "adamw" and logged["max_steps"] == cfg.optim.decay_steps(cfg.train.global_batch_size)
+    assert logged["moe_aux_loss_coeff"] == cfg.model.moe.aux_loss_coef and "init_checkpoint_step" not in logged
+    gbs = cfg.train.global_batch_size
+    assert official_rule_violations(cfg) == [
+        f"train.global_batch_size={gbs}: fake8b reference convergence points cover 1..2 only",
+        "optim.beta1=0.9: fake8b requires 0.5",
+        f"model.seq_len={cfg.model.seq_len}: fake8b requires 8192",
+    ]
+    monkeypatch.setitem(benchmarks.BENCHMARKS, "fake8b", replace(spec, own_init_keys=("max_stepz",)))
+    with pytest.raises(ValueError, match=r"'fake8b': no value known for its init key\(s\) \['max_stepz'\]"):
+        mllog_hparams(cfg, 97, "1xCPU")

@@ -12,7 +12,7 @@ first block is that much longer; train/schedule.py); every event carries `sample
 run_start (steps * GBS), which the RCP checker reads as "samples to converge"; train_samples/eval_samples are the
 dataset sizes, logged at init. llama31_405b / llama31_8b / gpt_oss_20b / deepseekv3_671b: gpt3's cadence (but
 deepseekv3_671b's skipped first evaluations at ruleset 6.1.0) with lora's `samples_count` metadata; eval_samples
-(validation sequences) at init, train_samples (samples trained) at the end, the keys bench/rules_pretrain.py lists. Time to train = run_stop - run_start: the loop's own clock, which stamps both events.
+(validation sequences) at init, train_samples (samples trained) at the end, the keys bench/rules.py lists. Time to train = run_stop - run_start: the loop's own clock, which stamps both events.
 
 A stop signal (the loop saves and raises Preempted) logs nothing: no block_stop or run_stop, and result.json says
 "preempted". Each checkpoint records the log's length (`mllog_bytes`); a resume truncates the log there (just after
@@ -35,8 +35,9 @@ from scaletrain.train.rundir import dumps_strict, finished_result
 from scaletrain.train.schedule import tokens_per_step
 
 from .checker import RULESET, check_log, check_rcp, ruleset
+from .closed import official_rule_violations
 from .mllog import MLLOG, C, MLLogWriter, restore_mllog
-from .rules import counts_samples, is_lora, mllog_hparams, official_rule_violations
+from .rules import counts_samples, is_lora, mllog_hparams
 from .score import olympic_score, required_runs
 from .summary import print_summary
 

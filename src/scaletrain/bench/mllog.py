@@ -22,6 +22,7 @@ from mlperf_logging.mllog.mllog import MLLogger
 
 from scaletrain.checkpoint.store import CheckpointError
 from scaletrain.diskfull import DiskFullError, is_no_space, writing
+from scaletrain.log import get_logger
 
 __all__ = ["MLLogWriter", "C", "now_ms", "read_mllog", "restore_mllog", "TOKEN", "MLLOG"]
 
@@ -35,6 +36,7 @@ _MARK = "# scaletrain: resumed from "
 _OWN_FRAMES = 3
 
 _ids = itertools.count()
+log = get_logger(__name__)
 
 
 def now_ms() -> int:
@@ -264,8 +266,4 @@ def restore_mllog(
             f"its run's MLLOG was not found ({tried})",
         )
     log_path.write_text(f"{_MARK}{checkpoint} at step {step}; {lost}, so this log is incomplete\n")
-    _warn(f"resuming {checkpoint}: {why}; {log_path} starts incomplete")
-
-
-def _warn(message: str) -> None:
-    print(f"scaletrain: warning: {message}", file=sys.stderr, flush=True)
+    log.warning("resuming %s: %s; %s starts incomplete", checkpoint, why, log_path)

@@ -6,15 +6,14 @@ through bench/mllog.py (restore_mllog).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
+
+from scaletrain.log import get_logger
+
+log = get_logger(__name__)
 
 # Settings a resumed run may change but that make it a different experiment from the one saved.
 _WATCHED = (("train", "global_batch_size"), ("train", "seed"), ("train", "dtype"))
-
-
-def _warn(message: str) -> None:
-    print(f"scaletrain: warning: {message}", file=sys.stderr, flush=True)
 
 
 def warn_changed_settings(path: Path, info: dict, cfg) -> list[str]:
@@ -27,5 +26,5 @@ def warn_changed_settings(path: Path, info: dict, cfg) -> list[str]:
         if before is not None and before != now:
             changes.append(f"{section}.{name} {before} -> {now}")
     if changes:
-        _warn(f"resuming {path} with changed settings: {', '.join(changes)}")
+        log.warning("resuming %s with changed settings: %s", path, ", ".join(changes))
     return changes

@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -34,7 +36,7 @@ from scaletrain.train.host import check_host_memory, peak_memory_gib, setup_cpu
 from scaletrain.train.metrics import MetricsLogger
 from scaletrain.train.moe_stats import MoEStats
 from scaletrain.train.optim import build_optimizer, lr_at, set_lr
-from scaletrain.train.perf import CommWaits, StepClock, result_block, start_run
+from scaletrain.train.perf import StepClock, result_block, start_run, timing_waits
 from scaletrain.train.protocol import NonFiniteLoss
 from scaletrain.train.signals import StopSignals
 from scaletrain.train.sinks import optional_sinks
@@ -117,8 +119,7 @@ class Trainer:
         self.stop_signals = StopSignals()  # SIGTERM/SIGUSR1: save and stop (installed for init..finish)
         self.step = 0  # optimizer steps taken since run start
         self._loss_scale = 1.0
-        self.comm_waits, self.clock = CommWaits(), StepClock(self.device)  # the step breakdown (train/perf.py)
-        self._checking_collectives = False  # SCALETRAIN_CHECK_COLLECTIVES=1 (parallel/collective_check.py)
+        self.clock = StepClock(self.device)  # the step breakdown (train/perf.py)
         self.prediction: dict | None = None  # prediction.json of this run (rank 0)
         self.step_times: list[float] = []
 
@@ -140,13 +141,19 @@ class Trainer:
         """trainer.json of the checkpoint init() resumes (checkpoint.resume), or None for a fresh run."""
         return self._resume_info
 
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """The process-wide hooks of a run, for the block (run_loop enters it around init..finish): collective waits
+        timed for comm_exposed_s (train/perf.py) and, under SCALETRAIN_CHECK_COLLECTIVES=1, every tensor handed to a
+        collective checked (parallel/collective_check.py). Torch's own functions are back on every way out,
+        exception included; a Trainer stepped outside it reports comm_exposed_s 0."""
+        with collective_check.checking(), timing_waits(self.device):
+            yield
+
     def init(self) -> None:
         """Untimed: threads, mesh, parallelized build, warm-up on synthetic tokens, reset to the cold-start state."""
         from scaletrain.parallel.parallelize import parallelize
 
-        if collective_check.enabled() and not self._checking_collectives:
-            collective_check.install()  # debug mode: every tensor handed to a collective is checked (until finish)
-            self._checking_collectives = True
         if self.device.type == "cpu":
             setup_cpu(self._threads())
         if self.world_size > 1:
@@ -282,10 +289,6 @@ class Trainer:
     def finish(self, result: dict) -> None:
         """Publish a pending asynchronous checkpoint and close metrics sinks; the loop writes result.json."""
         self.stop_signals.uninstall()
-        self.comm_waits.uninstall()
-        if self._checking_collectives:
-            collective_check.uninstall()
-            self._checking_collectives = False
         try:
             self.checkpointer.finish()
         finally:

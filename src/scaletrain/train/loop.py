@@ -66,8 +66,15 @@ def run_loop(
     state. `writer=False` (every rank but 0 of a distributed run) steps in lockstep and writes no file.
     Exceptions after the run began are recorded in result.json ("error", outcome "crashed", or "disk_full" and
     raised as DiskFullError), passed to engine.finish and re-raised; Preempted after a stop signal's save (see the
-    module docstring). An engine's optional `wait_for_saves()` is called before result.json is written.
+    module docstring). An engine's optional `wait_for_saves()` is called before result.json is written, and its
+    optional `running()` context is held around everything from init to finish.
     """
+    running = getattr(engine, "running", None)  # optional (protocol.py): process-wide hooks scoped to the run
+    with running() if callable(running) else contextlib.nullcontext():
+        return _run_loop(cfg, engine, run_dir, observers, writer)
+
+
+def _run_loop(cfg: Config, engine: Engine, run_dir: str | Path, observers: Sequence[Observer], writer: bool) -> dict:
     run_dir = Path(run_dir)
     if writer:
         run_dir.mkdir(parents=True, exist_ok=True)

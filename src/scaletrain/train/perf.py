@@ -12,7 +12,7 @@ Measured breakdown of a step (metrics.jsonl, seconds; `Trainer.train_step` takes
 - comm_exposed_s: time this rank was blocked waiting for collectives, inside fwd_bwd_s and optimizer_s.
 
 What comm_exposed_s counts: every wait on a `torch.distributed` work handle from Python (`Work.wait`, hooked while a
-Trainer runs, see `CommWaits`): the trainer's own all-reduces (synchronous ones wait through it), FSDP2's all-gather
+Trainer runs, see `timing_waits`): the trainer's own all-reduces (synchronous ones wait through it), FSDP2's all-gather
 and reduce-scatter waits, and the pipeline schedule's send/receive waits; and every wait on a functional collective
 (`torch.distributed._functional_collectives.wait_tensor`, hooked the same way): DTensor's collectives of tensor and
 sequence parallelism, eager mode. On CPU (gloo) it is wall time in the wait; on CUDA the time the current stream
@@ -32,6 +32,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -146,6 +148,18 @@ class CommWaits:
         return _CLOCK.seconds()
 
 
+@contextmanager
+def timing_waits(device: torch.device | None = None) -> Iterator[None]:
+    """Collective waits timed (`CommWaits`) for the block only: torch's Work.wait and wait_tensor are its own again on
+    every way out, exception included. A CUDA `device` times stream stalls."""
+    waits = CommWaits()
+    waits.install(device)
+    try:
+        yield
+    finally:
+        waits.uninstall()
+
+
 def _funcol():
     """torch's functional collectives module: DTensor's collectives (tensor parallelism, sequence-parallel norms)
     wait through its module-level `wait_tensor`, which never reaches a Python `Work.wait`."""
@@ -205,7 +219,7 @@ class StepClock:
 
 def start_run(trainer) -> dict | None:
     """At the end of init: rank 0 measures the device, predicts the run and writes prediction.json (returned; None
-    on other ranks). Hooks the collectives' waits for comm_exposed_s on every rank."""
+    on other ranks)."""
     import torch.distributed as dist
 
     device = None
@@ -217,7 +231,6 @@ def start_run(trainer) -> dict | None:
         device = device_figures(trainer.device, trainer.cfg.train.dtype, trainer.cfg.train.probe_window_s)
     if trainer.world_size > 1:
         dist.barrier()
-    trainer.comm_waits.install(trainer.device)
     if device is None:
         return None
     doc = predict(trainer.cfg, trainer.layout, device)

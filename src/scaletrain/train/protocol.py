@@ -57,8 +57,10 @@ class Engine(Protocol):
     llama2_70b_lora engines also carry `eval_samples` and `train_samples`: the validation and training sequence
     counts (173 and 3901 for GovReport), which the MLPerf observer logs. They are not members here so that a gpt3
     engine without them still satisfies isinstance(engine, Engine). Likewise optional: `result_extra()`, a dict the
-    loop adds to result.json (the Trainer's "predicted_vs_measured", train/perf.py), and `wait_for_saves()`, which
-    publishes an asynchronous save in flight before result.json is written (its failure is the run's).
+    loop adds to result.json (the Trainer's "predicted_vs_measured", train/perf.py), `wait_for_saves()`, which
+    publishes an asynchronous save in flight before result.json is written (its failure is the run's), and
+    `running()`, a context manager the loop holds around the whole run (init to finish): process-wide hooks such as
+    the Trainer's collective-wait timing live exactly as long as it, whatever way the run ends.
     """
 
     seq_len: int
