@@ -4,7 +4,7 @@ Our Llama is HF's at any size (RMSNorm, rotate_half rotary positions with any ba
 scaling of Llama 3.1, GQA, SwiGLU, no biases, untied head), so an export is `config.json` + `model.safetensors`
 that `LlamaForCausalLM.from_pretrained` loads with no custom code. Llama 2 and Llama 3.1 (model.arch "llama",
 "llama31") share this converter; config.json carries the rotary base and scaling, and "scaletrain_arch".
-Two fused weights are converted (row orders documented in `model/llama.py`):
+Two fused weights are converted (row orders documented in `model/common.py`):
 
 * `attn.qkv` rows (kv_group, [q_0..q_{r-1}, k, v], head_dim) <-> `q_proj` (n_heads*hd), `k_proj`, `v_proj`
   (n_kv_heads*hd each). HF's q/k rows are already in rotate_half order (its converter permuted Meta's
@@ -40,7 +40,7 @@ from scaletrain.checkpoint.hf.common import (
     vocab_multiple_for,
 )
 from scaletrain.config import ModelConfig
-from scaletrain.model.llama import Rope
+from scaletrain.model.rope import Rope
 from scaletrain.model.spec import model_spec
 
 # Ours -> HF, per block, for the weights that need no conversion.
