@@ -99,6 +99,19 @@ ARCHITECTURES: dict[str, Architecture] = {
             rope_theta=500000.0,
             rope_scaling="llama3",
         ),
+        # Qwen3 dense (Qwen Team 2025, arXiv:2505.09388; HF Qwen3ForCausalLM): Llama's structure with QK-norm and
+        # rotary base 1,000,000; its head size is model.head_dim (128 in every released size).
+        Architecture(
+            "qwen3",
+            gated_mlp=True,
+            biases=False,
+            norm_weights=1,
+            tied_head=False,
+            learned_positions=False,
+            grouped_kv=True,
+            rope_theta=1000000.0,
+            qk_norm=True,
+        ),
         # GPT-OSS (OpenAI 2025; HF GptOssForCausalLM): Llama's structure with biased attention projections and
         # experts, rotary base 150,000 with YaRN scaling; its sinks, sliding windows, clamped SwiGLU and
         # Mixture-of-Experts MLPs are model config fields (model/gpt_oss.py).
