@@ -51,7 +51,7 @@ class ModelSpec:
         if m.n_heads % tp:
             out.append(f"parallel.tp={tp} does not divide model.n_heads={m.n_heads}")
         if self.facts.grouped_kv and m.kv_heads % tp:
-            # qkv's tensor-parallel shard must hold whole key/value groups (model/llama.py's row order).
+            # qkv's tensor-parallel shard must hold whole key/value groups (model/common.py's row order).
             out.append(f"parallel.tp={tp} does not divide the key/value heads {m.kv_heads} (model.n_kv_heads)")
         moe = m.moe
         if (moe.n_experts == 0 or moe.first_dense > 0) and m.ffn_size % tp:
@@ -106,7 +106,7 @@ MODELS: dict[str, ModelSpec] = {
             hf_adapter="llama",
             hf_class="LlamaForCausalLM",
         ),
-        # Llama 3.1 is the Llama module with other rotary frequencies (model/llama.py's Rope), and HF's same class.
+        # Llama 3.1 is the Llama module with other rotary frequencies (model/rope.py's Rope), and HF's same class.
         ModelSpec(
             name="llama31",
             build=_build_llama,

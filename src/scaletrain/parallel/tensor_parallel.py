@@ -105,7 +105,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = T
     """Shard `model` (a GPT, Llama or GPT-OSS, or a pipeline stage of one) over the 1-D `tp_mesh` in place.
 
     Llama has the same module names (fused `attn.qkv` in whole KV groups, fused SwiGLU `mlp.fc` with gate and
-    up rows interleaved, see model/llama.py), so one plan fits both: its RMSNorms take the LayerNorms' place
+    up rows interleaved, see model/common.py), so one plan fits both: its RMSNorms take the LayerNorms' place
     and its untied head is column-parallel like the tied one.
 
     FP8 linears (model/fp8.py, converted before) take torchao's Float8 styles where they can (`_fp8_styles`).
@@ -163,7 +163,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = T
                 block_plan[f"attn.{qk}"] = SequenceParallel(sequence_dim=1, use_local_output=True)
         parallelize_module(block, tp_mesh, block_plan)
         sinks = getattr(block.get_submodule("attn"), "sinks", None)
-        if sinks is not None:  # one logit per head: each rank keeps its heads' (model/gpt_oss.py)
+        if sinks is not None:  # one logit per head: each rank keeps its heads' (model/common.py)
             block.get_submodule("attn").sinks = nn.Parameter(distribute_tensor(sinks.data, tp_mesh, [Shard(0)]))
     shard_moe_routing(model, tp_mesh)
     if tied:

@@ -106,7 +106,7 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def _rope_json(rope: Rope) -> tuple[dict | None, dict]:
     """HF's rope_scaling (transformers 4.x; None without scaling) and rope_parameters (5.x) of `rope`."""
-    if rope.scaling == "yarn":  # HF Llama computes YaRN with the same function as GPT-OSS (model/llama.py's Rope)
+    if rope.scaling == "yarn":  # HF Llama computes YaRN with the same function as GPT-OSS (model/rope.py's Rope)
         yarn = {
             "rope_type": "yarn",
             "factor": rope.factor,
