@@ -42,7 +42,8 @@ import torch
 
 from scaletrain.config import resolve
 from scaletrain.model.flops import flops_per_token
-from scaletrain.model.gpt import GPT, causal_attention
+from scaletrain.model.common import causal_attention
+from scaletrain.model.gpt import GPT
 from scaletrain.model.loss import loss_sum
 from scaletrain.sim.catalog import mfu_peak
 from scaletrain.sim.compute import layer_gemms

@@ -2,8 +2,8 @@
 
 config validates model.arch against it, the simulator's per-layer inventory (sim/layers.py) counts parameters,
 FLOPs and activations from it, and model/spec.py pairs each entry with its builder and Hugging Face converter. So
-an architecture fact (gated MLP, biases, norm kind, tied head, position embedding, grouped K/V, rotary base and
-frequency scaling) is written once, here, and nothing branches on an architecture's name. Layer 0: imports
+an architecture fact (gated MLP, biases, norm kind, tied head, position embedding, grouped K/V, QK-norm, rotary
+base and frequency scaling) is written once, here, and nothing branches on an architecture's name. Layer 0: imports
 nothing from scaletrain.
 """
 
@@ -52,6 +52,9 @@ class Architecture:
     """Its model code builds Mixture-of-Experts layers from model.moe (others refuse model.moe.n_experts > 0)."""
     windowed_attention: bool = False
     """Its attention honours model.sliding_window and model.attn_sinks (others refuse them)."""
+    qk_norm: bool = False
+    """QK-norm (Qwen3): an RMSNorm over each head's features (one weight of head_dim, shared by the heads) on the
+    queries and on the keys before rotary positions; `attn.q_norm`, `attn.k_norm`."""
 
     @property
     def mlp_matrices(self) -> int:
@@ -95,6 +98,19 @@ ARCHITECTURES: dict[str, Architecture] = {
             grouped_kv=True,
             rope_theta=500000.0,
             rope_scaling="llama3",
+        ),
+        # Qwen3 dense (Qwen Team 2025, arXiv:2505.09388; HF Qwen3ForCausalLM): Llama's structure with QK-norm and
+        # rotary base 1,000,000; its head size is model.head_dim (128 in every released size).
+        Architecture(
+            "qwen3",
+            gated_mlp=True,
+            biases=False,
+            norm_weights=1,
+            tied_head=False,
+            learned_positions=False,
+            grouped_kv=True,
+            rope_theta=1000000.0,
+            qk_norm=True,
         ),
         # GPT-OSS (OpenAI 2025; HF GptOssForCausalLM): Llama's structure with biased attention projections and
         # experts, rotary base 150,000 with YaRN scaling; its sinks, sliding windows, clamped SwiGLU and

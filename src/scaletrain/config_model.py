@@ -77,8 +77,9 @@ class ModelConfig:
     arch: str = "gpt3"
     """Architecture family: "gpt3" (GPT-2/GPT-3 decoder: learned positions, pre-LN, tanh GELU, tied embeddings),
     "llama" (Llama 2: RMSNorm, SwiGLU, rotary positions, grouped-query attention, untied head), "llama31"
-    (Llama 3.1: Llama 2 with rotary base 500,000 and the "llama3" frequency scaling) or "deepseek_v3" (latent
-    attention from model.mla, experts from model.moe)."""
+    (Llama 3.1: Llama 2 with rotary base 500,000 and the "llama3" frequency scaling), "qwen3" (Qwen3 dense: Llama
+    with QK-norm, rotary base 1,000,000), "gpt_oss" (biases, sinks, sliding windows, experts from model.moe) or
+    "deepseek_v3" (latent attention from model.mla, experts from model.moe)."""
     n_layers: int = 4
     """Number of transformer blocks."""
     d_model: int = 256

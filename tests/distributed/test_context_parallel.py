@@ -72,7 +72,7 @@ def _unshard(t, cp_mesh, dim):
 
 
 def _attention_check(cp_mesh, seed, out, tag):
-    from scaletrain.model.gpt import causal_attention
+    from scaletrain.model.common import causal_attention
     cp, rank = cp_mesh.size(), cp_mesh.get_local_rank()
     g = torch.Generator().manual_seed(seed)
     seq = 2 * cp * 5
@@ -177,7 +177,8 @@ def _model_check(cp_mesh, seed, out, tag):
 
 def _structure_check(mesh_2x1, cp_mesh, out):
     """cp == 1 leaves the model alone; a pipeline stage without embedding gets cores but no hook."""
-    from scaletrain.model.gpt import GPT, causal_attention
+    from scaletrain.model.common import causal_attention
+    from scaletrain.model.gpt import GPT
     model = GPT(_tiny_cfg(), seed=0)
     apply_context_parallel(model, mesh_2x1["cp"])
     untouched = all(b.attn.core is causal_attention for b in model.blocks.values()) and not model._forward_pre_hooks

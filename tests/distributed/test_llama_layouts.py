@@ -86,3 +86,15 @@ def test_uneven_interleaved_pipeline_matches_single_process(corpus_paths, tmp_pa
         diffs = [abs(a - b) for a, b in zip(reference["losses"], got["losses"])]
         assert max(diffs) < TOL, f"uneven pp ({got['layout']}): losses {got['losses']} vs {reference['losses']}"
         assert abs(reference["eval"] - got["eval"]) < TOL
+
+
+def test_qwen3_tensor_parallel_matches_single_process(corpus_paths, tmp_path):
+    # Qwen3's QK-norm under TP+SP: each rank normalises its own heads with the one replicated weight, whose
+    # gradient must be summed over the ranks (a head size of its own, so attention is wider than d_model).
+    qwen3 = ["model.arch=qwen3", "model.head_dim=32"]
+    ref = train_losses(0, 1, corpus_paths, qwen3, str(tmp_path / "ref"))
+    for got in run_ranks(train_losses, 2, corpus_paths, qwen3 + ["parallel.tp=2"], str(tmp_path), timeout=240):
+        diffs = [abs(a - b) for a, b in zip(ref["losses"], got["losses"])]
+        assert max(diffs) < TOL, f"qwen3 tp ({got['layout']}): losses {got['losses']} vs {ref['losses']}"
+        norms = [abs(a - b) / max(1.0, a) for a, b in zip(ref["grad_norms"], got["grad_norms"])]
+        assert max(norms) < TOL, f"qwen3 tp: grad norms {got['grad_norms']} vs {ref['grad_norms']}"

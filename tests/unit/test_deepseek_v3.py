@@ -182,7 +182,7 @@ def test_logits_match_transformers(pair):
     assert got.shape == want.shape == (2, 20, 256)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
     assert moe_aux_loss(ours) is not None
-    assert [type(b.mlp).__name__ for b in ours.blocks.values()] == ["MLP", "MoE", "MoE"]
+    assert [type(b.mlp).__name__ for b in ours.blocks.values()] == ["SwiGLU", "MoE", "MoE"]
 
 
 def test_the_selection_bias_and_group_limit_change_the_routing(pair):

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from scaletrain.config import ModelConfig, MoEConfig, resolve
-from scaletrain.model.gpt_oss import GptOss, is_sliding, sink_attention
+from scaletrain.model.common import is_sliding, sink_attention
+from scaletrain.model.gpt_oss import GptOss
 
 transformers = pytest.importorskip("transformers")
 
@@ -152,7 +153,7 @@ def test_yarn_frequencies_match_hugging_face():
     from transformers import GptOssConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from scaletrain.model.llama import Rope
+    from scaletrain.model.rope import Rope
 
     for truncate in (False, True):
         hf_cfg = GptOssConfig(head_dim=64, rope_parameters={

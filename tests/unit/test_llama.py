@@ -112,7 +112,7 @@ def test_shapes_and_untied_head():
     assert model.blocks["0"].attn.qkv.weight.shape == ((4 + 2 * 2) * hd, 64)
     assert model.blocks["0"].mlp.fc.weight.shape == (2 * 128, 64)
     assert model.head.weight is not model.embed.tok.weight and not model.head_is_tied
-    assert not hasattr(model.embed, "pos")
+    assert model.embed.pos is None  # rotary positions: no learned table
     assert model.blocks["0"].ln1.weight.eq(1).all()
     w = model.blocks["1"].attn.qkv.weight
     assert abs(w.std().item() - TINY.init_std) < 0.002
@@ -129,7 +129,7 @@ def test_rotary_positions_are_relative_and_reach_every_layer(trained, tokens):
 
 def test_attention_takes_positions_from_a_sequence_sharded_core(trained, tokens):
     """A pipeline stage without the embedding gets positions only from the core (context parallelism's)."""
-    from scaletrain.model.gpt import causal_attention
+    from scaletrain.model.common import causal_attention
     attn = trained.blocks["0"].attn
     x = torch.randn(2, 32, 64, generator=torch.Generator().manual_seed(2))
     pos = torch.arange(32) * 3

@@ -11,7 +11,8 @@ import torch
 from scaletrain.config import ConfigError, ModelConfig, resolve
 from scaletrain.model.build import build_model
 from scaletrain.model.flops import num_params
-from scaletrain.model.llama import Llama, Rope
+from scaletrain.model.llama import Llama
+from scaletrain.model.rope import Rope
 from scaletrain.sim.layers import Inventory
 from scaletrain.sim.workload import model_shape
 

@@ -48,7 +48,7 @@ def test_config_accepts_exactly_the_registered_architectures():
     assert architectures.names() == tuple(MODELS)
     with pytest.raises(
         ValueError,
-        match=r"model.arch='mamba': no model builder \(known: 'gpt3', 'llama', 'llama31', 'gpt_oss', 'deepseek_v3'\)",
+        match=r"model.arch='mamba': no model builder \(known: 'gpt3', 'llama', 'llama31', 'qwen3', 'gpt_oss', 'deepseek_v3'\)",
     ):
         model_spec("mamba")
 

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from scaletrain.config import ModelConfig, MoEConfig
-from scaletrain.model.moe import MoE, moe_aux_loss, swiglu, update_biases
+from scaletrain.model.common import swiglu
+from scaletrain.model.moe import MoE, moe_aux_loss, update_biases
 
 
 def _cfg(arch: str = "llama", d: int = 16, **moe) -> ModelConfig:

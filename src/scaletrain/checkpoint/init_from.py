@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 # Fields that decide tensor shapes and meaning; seq_len may differ (RoPE needs no table; gpt3's table is checked
 # through its shape). The rotary frequencies change what the weights mean, the llama3 factors when both scale.
-_SHAPE_FIELDS = ("arch", "n_layers", "d_model", "n_heads", "kv_heads", "ffn_size", "padded_vocab")
+_SHAPE_FIELDS = ("arch", "n_layers", "d_model", "n_heads", "kv_heads", "head_size", "ffn_size", "padded_vocab")
 _ROPE_FIELDS = ("rope_base", "rope_kind")
 _LLAMA3_FIELDS = ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_seq_len")
 

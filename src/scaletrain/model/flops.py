@@ -18,13 +18,14 @@ from scaletrain.config import ModelConfig
 
 def _inventory(cfg: ModelConfig, lora_rank: int = 0, lora_targets=("qkv", "proj")):
     """The simulator's inventory of `cfg` when the closed forms below do not describe it (MoE, MLA, an explicit
-    head_dim, sliding windows), else None."""
+    head_dim, sliding windows, QK-norm), else None."""
     special = (
         cfg.moe.n_experts > 0
         or cfg.mla.kv_lora_rank > 0
         or cfg.head_dim > 0
         or bool(getattr(cfg, "sliding_window", 0))
         or bool(getattr(cfg, "attn_sinks", False))
+        or architectures.get(cfg.arch).qk_norm
     )
     if not special:
         return None

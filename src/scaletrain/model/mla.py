@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from scaletrain.config import ModelConfig
-from scaletrain.model.gpt import causal_attention
-from scaletrain.model.llama import Rope, rope_cos_sin
+from scaletrain.model.common import causal_attention, token_positions
+from scaletrain.model.rope import Rope, rope_cos_sin
 
 __all__ = ["MLA", "LATENT_NORM_EPS", "rope_interleaved"]
 
@@ -107,8 +107,7 @@ class MLA(nn.Module):
         )
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)  # [b, heads, s, nope], [b, heads, s, v]
         if positions is None:
-            core_positions = getattr(self.core, "positions", None)
-            positions = core_positions(s, x.device) if core_positions else torch.arange(s, device=x.device)
+            positions = token_positions(self.core, s, x.device)
         cos, sin = rope_cos_sin(positions, self.rope_dim, q_rot.dtype, self.rope)
         cos, sin = cos[:, : self.rope_dim // 2], sin[:, : self.rope_dim // 2]  # cat(freqs, freqs): one per pair
         q = torch.cat((q_nope, rope_interleaved(q_rot, cos, sin)), dim=-1)

@@ -39,33 +39,10 @@ from torch import nn
 
 from scaletrain import architectures
 from scaletrain.config import ModelConfig
+from scaletrain.model.common import SwiGLU, swiglu
 from scaletrain.model.init import normal_
 
-__all__ = ["MoE", "Router", "GroupedExperts", "SwiGLU", "swiglu", "moe_layers", "moe_aux_loss", "update_biases"]
-
-
-def swiglu(h: torch.Tensor, limit: float = 0.0, alpha: float = 1.702) -> torch.Tensor:
-    """SwiGLU of interleaved gate/up columns `h` [..., 2f] -> [..., f]: silu(gate) * up, or GPT-OSS's clamped
-    variant (module docstring) when `limit` > 0."""
-    gate, up = h.unflatten(-1, (-1, 2)).unbind(-1)
-    if limit <= 0:
-        return F.silu(gate) * up
-    gate = gate.clamp(max=limit)
-    up = up.clamp(min=-limit, max=limit)
-    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
-
-
-class SwiGLU(nn.Module):
-    """A dense SwiGLU MLP with Llama's seams: `fc` (gate and up rows interleaved) and `proj`."""
-
-    def __init__(self, d_model: int, width: int, bias: bool = False, limit: float = 0.0, alpha: float = 1.702):
-        super().__init__()
-        self.fc = nn.Linear(d_model, 2 * width, bias=bias)
-        self.proj = nn.Linear(width, d_model, bias=bias)
-        self.limit, self.alpha = limit, alpha
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(swiglu(self.fc(x), self.limit, self.alpha))
+__all__ = ["MoE", "Router", "GroupedExperts", "moe_layers", "moe_aux_loss", "update_biases"]
 
 
 class Router(nn.Module):

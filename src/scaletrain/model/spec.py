@@ -2,10 +2,9 @@
 
 Parameter and FLOP counts (model/flops.py), tensor-parallel divisibility (parallel/layout.py), the Hugging Face
 converter (checkpoint/hf/) and the CLI's export message read an architecture here instead of branching on its
-name. Adding an architecture: its module (model/<arch>.py, with the seams GPT and Llama share: `embed`, `blocks`,
-`ln_f`, `head`, `attn.qkv`/`attn.proj`, `mlp.fc`/`mlp.proj`, so the one tensor-parallel plan and the pipeline cut
-fit it), its facts in scaletrain/architectures.py (which config validates model.arch against) and one entry in
-`MODELS`. Torch-free: a builder imports its module only when called, so `flops` stays importable without torch.
+name. Adding an architecture: its facts in scaletrain/architectures.py (which config validates model.arch against),
+one entry in `MODELS`, and a module only for what the shared decoder (model/common.py) does not already build from
+those facts (a `Decoder` subclass choosing its attention and MLP; Qwen3 needs none). Torch-free: a builder imports its module only when called, so `flops` stays importable without torch.
 """
 
 from __future__ import annotations
@@ -30,8 +29,9 @@ class ModelSpec:
     build: Callable[[ModelConfig, int], Any]
     """(config, seed) -> the plain single-device nn.Module, initialised from the seed."""
     hf_adapter: str
-    """Hugging Face model_type its weights convert to and from (checkpoint/hf/ has a converter per type); "" =
-    no Hugging Face export or import."""
+    """The checkpoint/hf/ converter its weights go through, by Hugging Face model_type ("gpt2", "llama"; the Llama
+    converter also reads and writes Qwen3's, whose only extra weights are the QK-norms); "" = no Hugging Face
+    export or import."""
     hf_class: str
     """transformers class that loads an exported directory ("" without a converter)."""
 
@@ -51,7 +51,7 @@ class ModelSpec:
         if m.n_heads % tp:
             out.append(f"parallel.tp={tp} does not divide model.n_heads={m.n_heads}")
         if self.facts.grouped_kv and m.kv_heads % tp:
-            # qkv's tensor-parallel shard must hold whole key/value groups (model/llama.py's row order).
+            # qkv's tensor-parallel shard must hold whole key/value groups (model/common.py's row order).
             out.append(f"parallel.tp={tp} does not divide the key/value heads {m.kv_heads} (model.n_kv_heads)")
         moe = m.moe
         if (moe.n_experts == 0 or moe.first_dense > 0) and m.ffn_size % tp:
@@ -106,12 +106,19 @@ MODELS: dict[str, ModelSpec] = {
             hf_adapter="llama",
             hf_class="LlamaForCausalLM",
         ),
-        # Llama 3.1 is the Llama module with other rotary frequencies (model/llama.py's Rope), and HF's same class.
+        # Llama 3.1 is the Llama module with other rotary frequencies (model/rope.py's Rope), and HF's same class.
         ModelSpec(
             name="llama31",
             build=_build_llama,
             hf_adapter="llama",
             hf_class="LlamaForCausalLM",
+        ),
+        # Qwen3 dense is the Llama module with QK-norm (its facts), converted by the Llama converter to Qwen3's type.
+        ModelSpec(
+            name="qwen3",
+            build=_build_llama,
+            hf_adapter="llama",
+            hf_class="Qwen3ForCausalLM",
         ),
         # No checkpoint converter yet: tests/unit/test_gpt_oss.py maps HF's weights for the parity check.
         ModelSpec(

@@ -105,12 +105,12 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = T
     """Shard `model` (a GPT, Llama or GPT-OSS, or a pipeline stage of one) over the 1-D `tp_mesh` in place.
 
     Llama has the same module names (fused `attn.qkv` in whole KV groups, fused SwiGLU `mlp.fc` with gate and
-    up rows interleaved, see model/llama.py), so one plan fits both: its RMSNorms take the LayerNorms' place
+    up rows interleaved, see model/common.py), so one plan fits both: its RMSNorms take the LayerNorms' place
     and its untied head is column-parallel like the tied one.
 
     FP8 linears (model/fp8.py, converted before) take torchao's Float8 styles where they can (`_fp8_styles`).
     MoE MLPs route each rank's sequence shard (parallel/moe_tensor_parallel.py); GPT-OSS's attention sinks are
-    split by head with the heads. Keeps the output layer tied to the embedding when the module holds both. Inputs stay plain tensors:
+    split by head with the heads, and Qwen3's QK-norms are replicated over the heads they normalise. Keeps the output layer tied to the embedding when the module holds both. Inputs stay plain tensors:
     token ids replicated, hidden states between pipeline stages as each rank's local sequence shard (SP) or whole.
     """
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
@@ -156,9 +156,14 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = T
             # Replicated DTensors rather than plain tensors: one optimizer path (foreach) for every parameter.
             block_plan["ln1"] = ReplicateParallel()
             block_plan["ln2"] = ReplicateParallel()
+        for qk in ("q_norm", "k_norm"):
+            if getattr(block.get_submodule("attn"), qk, None) is not None:
+                # Qwen3's QK-norm sees [batch, heads, seq, head_dim] with the heads split by tp: each rank
+                # normalises its heads with the whole weight, whose gradient is summed over the ranks.
+                block_plan[f"attn.{qk}"] = SequenceParallel(sequence_dim=1, use_local_output=True)
         parallelize_module(block, tp_mesh, block_plan)
         sinks = getattr(block.get_submodule("attn"), "sinks", None)
-        if sinks is not None:  # one logit per head: each rank keeps its heads' (model/gpt_oss.py)
+        if sinks is not None:  # one logit per head: each rank keeps its heads' (model/common.py)
             block.get_submodule("attn").sinks = nn.Parameter(distribute_tensor(sinks.data, tp_mesh, [Shard(0)]))
     shard_moe_routing(model, tp_mesh)
     if tied:

@@ -251,8 +251,11 @@ class Inventory:
             Saved("mlp activation input", "shard", 2 * mlp_in),
         )
         self.norm_params = s.facts.norm_weights * h  # per norm: LayerNorm weight + bias, RMSNorm weight
-        # Per layer besides the two norms: MLA's latent norms (q only with a query latent), GPT-OSS's sink logits.
-        self.extra_norm_params = ((s.kv_rank + s.q_rank) if s.mla else 0) + (s.heads if s.sinks else 0)
+        # Per layer besides the two norms: MLA's latent norms (q only with a query latent), GPT-OSS's sink logits,
+        # Qwen3's query and key norms (one head_dim weight each).
+        self.extra_norm_params = (
+            ((s.kv_rank + s.q_rank) if s.mla else 0) + (s.heads if s.sinks else 0) + (2 * hd if s.facts.qk_norm else 0)
+        )
         self.logits = Gemm("logits", s.vocab, h, "col", not lora)
 
     @staticmethod

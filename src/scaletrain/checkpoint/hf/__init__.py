@@ -14,7 +14,7 @@ import torch
 
 from scaletrain.checkpoint.hf.common import publish_hf_dir
 from scaletrain.checkpoint.hf.gpt2 import export_gpt2_hf, import_gpt2_hf
-from scaletrain.checkpoint.hf.llama import export_llama_hf, import_llama_hf
+from scaletrain.checkpoint.hf.llama import MODEL_TYPES, export_llama_hf, import_llama_hf
 from scaletrain.config import ModelConfig
 from scaletrain.model.spec import model_spec
 
@@ -34,7 +34,11 @@ __all__ = [
 import_hf = import_gpt2_hf
 
 # Hugging Face model_type -> (exporter, importer): one converter module per type; ModelSpec.hf_adapter names one.
-CONVERTERS = {"gpt2": (export_gpt2_hf, import_gpt2_hf), "llama": (export_llama_hf, import_llama_hf)}
+# The Llama converter also reads and writes Qwen3's type (checkpoint/hf/llama.py).
+CONVERTERS = {
+    "gpt2": (export_gpt2_hf, import_gpt2_hf),
+    **dict.fromkeys(MODEL_TYPES.values(), (export_llama_hf, import_llama_hf)),
+}
 
 
 def importer(model_type: object):
@@ -57,7 +61,8 @@ def export_hf(
     `out_dir` must be new or empty; `overwrite` lets an existing directory's export files be replaced (others stay).
     `extra_files`: further files of the export, name -> bytes (tokenizer_export.tokenizer_files).
 
-    gpt3 becomes `GPT2LMHeadModel`, llama `LlamaForCausalLM` (see gpt2.py / llama.py for the conversions).
+    gpt3 becomes `GPT2LMHeadModel`, llama `LlamaForCausalLM`, qwen3 `Qwen3ForCausalLM` (see gpt2.py / llama.py for
+    the conversions).
     """
     adapter = model_spec(cfg.arch).hf_adapter
     if adapter not in CONVERTERS:

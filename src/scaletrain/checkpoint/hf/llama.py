@@ -1,10 +1,13 @@
-"""Hugging Face Llama format export and import of scaletrain llama weights (`transformers.LlamaForCausalLM`).
+"""Hugging Face Llama and Qwen3 format export and import of scaletrain llama weights (`transformers.LlamaForCausalLM`,
+`Qwen3ForCausalLM`).
 
 Our Llama is HF's at any size (RMSNorm, rotate_half rotary positions with any base and the "llama3" frequency
 scaling of Llama 3.1, GQA, SwiGLU, no biases, untied head), so an export is `config.json` + `model.safetensors`
 that `LlamaForCausalLM.from_pretrained` loads with no custom code. Llama 2 and Llama 3.1 (model.arch "llama",
-"llama31") share this converter; config.json carries the rotary base and scaling, and "scaletrain_arch".
-Two fused weights are converted (row orders documented in `model/llama.py`):
+"llama31") share this converter; config.json carries the rotary base and scaling, and "scaletrain_arch". Qwen3
+(dense, "qwen3") is the same with the QK-norm weights (`attn.q_norm`/`attn.k_norm` <-> `self_attn.q_norm`/
+`self_attn.k_norm`, both [head_dim]) and model_type "qwen3"; an architecture's QK-norm fact picks the type.
+Two fused weights are converted (row orders documented in `model/common.py`):
 
 * `attn.qkv` rows (kv_group, [q_0..q_{r-1}, k, v], head_dim) <-> `q_proj` (n_heads*hd), `k_proj`, `v_proj`
   (n_kv_heads*hd each). HF's q/k rows are already in rotate_half order (its converter permuted Meta's
@@ -40,8 +43,11 @@ from scaletrain.checkpoint.hf.common import (
     vocab_multiple_for,
 )
 from scaletrain.config import ModelConfig
-from scaletrain.model.llama import Rope
+from scaletrain.model.rope import Rope
 from scaletrain.model.spec import model_spec
+
+MODEL_TYPES = {False: "llama", True: "qwen3"}
+"""Hugging Face model_type of an architecture through this converter, by its QK-norm fact."""
 
 # Ours -> HF, per block, for the weights that need no conversion.
 _PLAIN = {
@@ -50,6 +56,13 @@ _PLAIN = {
     "attn.proj": "self_attn.o_proj",
     "mlp.proj": "mlp.down_proj",
 }
+_QK_NORM = {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}
+
+
+def plain_names(cfg: ModelConfig) -> dict[str, str]:
+    """Ours -> HF per-block names (without ".weight") of the weights copied as they are: the QK-norms too with
+    the architecture's QK-norm fact."""
+    return {**_PLAIN, **(_QK_NORM if architectures.get(cfg.arch).qk_norm else {})}
 
 
 def split_qkv(w: torch.Tensor, n_heads: int, n_kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -71,7 +84,8 @@ def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_kv: int) -> to
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every key of a full scaletrain llama state dict and its shape."""
     d, f, v = cfg.d_model, cfg.ffn_size, cfg.padded_vocab
-    hd = d // cfg.n_heads
+    hd = cfg.head_size
+    qk_norm = architectures.get(cfg.arch).qk_norm
     shapes = {"embed.tok.weight": (v, d), "ln_f.weight": (d,), "head.weight": (v, d)}
     for i in range(cfg.n_layers):
         p = f"blocks.{i}."
@@ -80,17 +94,19 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
                 p + "ln1.weight": (d,),
                 p + "ln2.weight": (d,),
                 p + "attn.qkv.weight": ((cfg.n_heads + 2 * cfg.kv_heads) * hd, d),
-                p + "attn.proj.weight": (d, d),
+                p + "attn.proj.weight": (d, cfg.n_heads * hd),
                 p + "mlp.fc.weight": (2 * f, d),
                 p + "mlp.proj.weight": (d, f),
             }
         )
+        if qk_norm:
+            shapes.update({p + "attn.q_norm.weight": (hd,), p + "attn.k_norm.weight": (hd,)})
     return shapes
 
 
 def _rope_json(rope: Rope) -> tuple[dict | None, dict]:
     """HF's rope_scaling (transformers 4.x; None without scaling) and rope_parameters (5.x) of `rope`."""
-    if rope.scaling == "yarn":  # HF Llama computes YaRN with the same function as GPT-OSS (model/llama.py's Rope)
+    if rope.scaling == "yarn":  # HF Llama computes YaRN with the same function as GPT-OSS (model/rope.py's Rope)
         yarn = {
             "rope_type": "yarn",
             "factor": rope.factor,
@@ -116,15 +132,15 @@ def _hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
     rope = Rope.of(cfg)
     rope_scaling, rope_parameters = _rope_json(rope)
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [model_spec(cfg.arch).hf_class],
+        "model_type": MODEL_TYPES[architectures.get(cfg.arch).qk_norm],
         "vocab_size": cfg.padded_vocab,
         "hidden_size": cfg.d_model,
         "intermediate_size": cfg.ffn_size,
         "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads,
         "num_key_value_heads": cfg.kv_heads,
-        "head_dim": cfg.d_model // cfg.n_heads,
+        "head_dim": cfg.head_size,
         "max_position_embeddings": cfg.seq_len,
         "rms_norm_eps": cfg.ln_eps,
         "hidden_act": "silu",
@@ -177,7 +193,7 @@ def export_llama_hf(
     put("model.embed_tokens.weight", sd["embed.tok.weight"])
     for i in range(cfg.n_layers):
         ours, hf = f"blocks.{i}.", f"model.layers.{i}."
-        for a, b in _PLAIN.items():
+        for a, b in plain_names(cfg).items():
             put(f"{hf}{b}.weight", sd[f"{ours}{a}.weight"])
         q, k, v = split_qkv(sd[ours + "attn.qkv.weight"], cfg.n_heads, cfg.kv_heads)
         put(hf + "self_attn.q_proj.weight", q)
@@ -219,11 +235,18 @@ def _rope(hf: dict, cfg_file) -> Rope:
 
 
 def _arch_and_rope_fields(hf: dict, rope: Rope) -> dict:
-    """model.arch (config.json's "scaletrain_arch" when it names a Llama-converter architecture, else llama31 for
-    llama3 scaling and llama otherwise) and the model.rope_* fields, left at "the architecture's" where they are."""
+    """model.arch (config.json's "scaletrain_arch" when it names a Llama-converter architecture of its model_type,
+    else qwen3 for a Qwen3 directory, llama31 for llama3 scaling and llama otherwise) and the model.rope_* fields,
+    left at "the architecture's" where they are."""
     arch = hf.get("scaletrain_arch")
-    if not (isinstance(arch, str) and arch in architectures.names() and model_spec(arch).hf_adapter == "llama"):
-        arch = "llama31" if rope.scaling == "llama3" else "llama"
+    qk_norm = hf.get("model_type") == MODEL_TYPES[True]
+    if not (
+        isinstance(arch, str)
+        and arch in architectures.names()
+        and model_spec(arch).hf_adapter == "llama"
+        and architectures.get(arch).qk_norm == qk_norm
+    ):
+        arch = "qwen3" if qk_norm else "llama31" if rope.scaling == "llama3" else "llama"
     facts = architectures.get(arch)
     fields: dict = {
         "arch": arch,
@@ -250,16 +273,15 @@ def llama_config(path: Path) -> ModelConfig:
     n_layers = hf_int(cfg_file, hf, "num_hidden_layers", 1, MAX_LAYERS)
     n_heads = hf_int(cfg_file, hf, "num_attention_heads", 1, d)
     n_kv = hf_int(cfg_file, hf, "num_key_value_heads", 1, n_heads, default=n_heads)
-    head_dim = hf_int(cfg_file, hf, "head_dim", 0, d, default=0) or d // n_heads
+    head_dim = hf_int(cfg_file, hf, "head_dim", 0, MAX_WIDTH, default=0) or d // n_heads
     rope = _rope(hf, cfg_file)
+    types = " or ".join(repr(t) for t in MODEL_TYPES.values())
     checks = [
-        (hf.get("model_type") == "llama", f"model_type={hf.get('model_type')!r} (need 'llama')"),
+        (hf.get("model_type") in MODEL_TYPES.values(), f"model_type={hf.get('model_type')!r} (need {types})"),
         (hf.get("hidden_act", "silu") == "silu", f"hidden_act={hf.get('hidden_act')!r} (need 'silu')"),
         (not hf.get("attention_bias") and not hf.get("mlp_bias"), "attention_bias/mlp_bias (need none)"),
-        (
-            d % n_heads == 0 and head_dim == d // n_heads,
-            f"head_dim={hf.get('head_dim')} (need hidden_size/num_attention_heads)",
-        ),
+        (not hf.get("use_sliding_window"), "use_sliding_window (need false)"),
+        (head_dim % 2 == 0, f"head_dim={head_dim} (need an even size)"),
         (n_heads % n_kv == 0, f"num_key_value_heads={n_kv} does not divide num_attention_heads={n_heads}"),
     ]
     for ok, what in checks:
@@ -273,6 +295,7 @@ def llama_config(path: Path) -> ModelConfig:
         d_model=d,
         n_heads=n_heads,
         n_kv_heads=n_kv,
+        head_dim=0 if head_dim * n_heads == d else head_dim,
         d_ff=f,
         seq_len=hf_int(cfg_file, hf, "max_position_embeddings", 1, MAX_POSITIONS, default=2048),
         vocab_size=vocab,
@@ -294,7 +317,7 @@ def import_llama_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
 
     Tensors keep their stored dtype. A tied HF head (tie_word_embeddings) becomes an untied copy. Raises
     FileNotFoundError for missing files and ValueError for anything our Llama cannot represent exactly
-    (biases, a rotary scaling other than llama3, a head_dim other than hidden/heads, another activation).
+    (biases, a rotary scaling other than llama3, an odd head_dim, sliding windows, another activation).
     """
     path = Path(path)
     cfg = llama_config(path)
@@ -313,7 +336,7 @@ def import_llama_hf(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     sd = {"embed.tok.weight": take("model.embed_tokens.weight")}
     for i in range(n_layers):
         ours, hf_p = f"blocks.{i}.", f"model.layers.{i}."
-        for a, b in _PLAIN.items():
+        for a, b in plain_names(cfg).items():
             sd[f"{ours}{a}.weight"] = take(f"{hf_p}{b}.weight")
         q, k, v = (take(f"{hf_p}self_attn.{n}_proj.weight") for n in "qkv")
         if k.shape != v.shape or q.shape[0] != n_heads * (k.shape[0] // n_kv):

@@ -54,7 +54,7 @@ def _from_parts(names: list[str], parts: list[torch.Tensor], rows: int, transpos
 
 
 def _llama_maps(cfg: ModelConfig) -> dict[str, RowMap]:
-    from scaletrain.checkpoint.hf.llama import _PLAIN, expected_shapes, split_qkv
+    from scaletrain.checkpoint.hf.llama import expected_shapes, plain_names, split_qkv
 
     shapes = expected_shapes(cfg)
     maps = {
@@ -64,7 +64,7 @@ def _llama_maps(cfg: ModelConfig) -> dict[str, RowMap]:
     }
     for i in range(cfg.n_layers):
         ours, hf = f"blocks.{i}.", f"model.layers.{i}."
-        for a, b in _PLAIN.items():
+        for a, b in plain_names(cfg).items():
             maps[f"{ours}{a}.weight"] = _plain(f"{hf}{b}.weight", shapes[f"{ours}{a}.weight"][0])
         rows = shapes[ours + "attn.qkv.weight"][0]
         q, k, v = split_qkv(torch.arange(rows).unsqueeze(1), cfg.n_heads, cfg.kv_heads)
@@ -166,10 +166,10 @@ def scan_dir(path: Path) -> tuple[Path, dict[str, TensorInfo]]:
 def hf_model_config(path: Path) -> tuple[str, ModelConfig]:
     """(converter name, ModelConfig) of an HF directory, from config.json alone."""
     from scaletrain.checkpoint.hf.gpt2 import gpt2_config
-    from scaletrain.checkpoint.hf.llama import llama_config
+    from scaletrain.checkpoint.hf.llama import MODEL_TYPES, llama_config
 
     _, hf = read_config_json(path)
-    if hf.get("model_type") == "llama":
+    if hf.get("model_type") in MODEL_TYPES.values():
         return "llama", llama_config(path)
     return "gpt2", gpt2_config(path)
 
