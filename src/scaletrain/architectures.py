@@ -3,8 +3,9 @@
 config validates model.arch against it, the simulator's per-layer inventory (sim/layers.py) counts parameters,
 FLOPs and activations from it, and model/spec.py pairs each entry with its builder and Hugging Face converter. So
 an architecture fact (gated MLP, biases, norm kind, tied head, position embedding, grouped K/V, QK-norm, rotary
-base and frequency scaling) is written once, here, and nothing branches on an architecture's name. Layer 0: imports
-nothing from scaletrain.
+base and frequency scaling) is written once, here, and nothing branches on an architecture's name. `LORA_TARGETS`
+says which projection of a block each lora.targets value adapts, for config, the LoRA modules (model/lora.py) and
+the inventory (sim/layers.py) alike. Layer 0: imports nothing from scaletrain.
 """
 
 from __future__ import annotations
@@ -13,7 +14,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Architecture", "ARCHITECTURES", "ROPE_SCALINGS", "get", "names", "rope_problems"]
+__all__ = [
+    "Architecture",
+    "ARCHITECTURES",
+    "LoraTarget",
+    "LORA_TARGETS",
+    "ROPE_SCALINGS",
+    "get",
+    "names",
+    "rope_problems",
+]
 
 ROPE_SCALINGS = ("none", "llama3", "yarn")
 """model.rope_scaling values: plain rotary frequencies, Llama 3.1's ("llama3": wavelengths beyond the original
@@ -145,6 +155,35 @@ ARCHITECTURES: dict[str, Architecture] = {
     )
 }
 """model.arch -> facts; read at call time, so a test can register another architecture."""
+
+
+@dataclass(frozen=True)
+class LoraTarget:
+    """The projection of every block that one lora.targets value adapts (LoRA: W x + B A x, A [r, in], B [out, r]).
+
+    Its fans (in and out widths) are the projection's own: the inventory's GEMM of the same name (sim/layers.py)
+    and the model's `nn.Linear` at `module`, which a test holds equal, so they are not written again here."""
+
+    name: str
+    """lora.targets value; also the name of the inventory's GEMM it adapts."""
+    module: str
+    """Path of the adapted linear inside a block (`blocks.N.<module>`): model/lora.py puts the adapter beside it."""
+    tp: str
+    """How tensor parallelism splits the projection: "col" (its output features) or "row" (its input features).
+    The adapter follows it: A splits like the input (row) or stays whole, B like the output (col) or stays whole."""
+
+
+LORA_TARGETS: dict[str, LoraTarget] = {
+    t.name: t
+    for t in (
+        LoraTarget("qkv", "attn.qkv", "col"),
+        LoraTarget("proj", "attn.proj", "row"),
+        # A gated MLP's gate and up are one fused `mlp.fc` (2 x d_ff wide), so fc1 is one adapter there too.
+        LoraTarget("fc1", "mlp.fc", "col"),
+        LoraTarget("fc2", "mlp.proj", "row"),
+    )
+}
+"""lora.targets value -> the projection it adapts."""
 
 
 def get(name: str) -> Architecture:

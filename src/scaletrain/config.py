@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scaletrain import benchmarks
+from scaletrain import architectures, benchmarks
 from scaletrain import config_io as _io
 from scaletrain.config_bounds import available_cores, bound_problems, threads_problem
 from scaletrain.config_io import ConfigError, list_presets, parse_override, preset_dict
@@ -468,7 +468,7 @@ def _check_wandb(cfg: Config) -> Config:
     return cfg
 
 
-LORA_TARGETS = ("qkv", "proj", "fc1", "fc2")
+LORA_TARGETS = tuple(architectures.LORA_TARGETS)
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
 

@@ -1,20 +1,39 @@
 """The simulator's per-layer inventory (sim/layers.py) against the real torch modules and the trainer's FLOPs."""
 
+from dataclasses import fields
+
 import pytest
 import torch
+from torch import nn
 
+from scaletrain.architectures import LORA_TARGETS
+from scaletrain.cli.main import main
 from scaletrain.config import resolve
 from scaletrain.model import flops
 from scaletrain.model.build import build_model
 from scaletrain.model.lora import apply_lora
-from scaletrain.sim.layers import Inventory
-from scaletrain.sim.workload import model_shape, workload_from_config
+from scaletrain.sim.layers import Inventory, ModelShape
+from scaletrain.sim.workload import Workload, model_shape, workload_from_config
 
 TINY = {
-    "gpt": ["model.arch=gpt3", "model.n_layers=2", "model.d_model=64", "model.n_heads=4", "model.seq_len=32",
-            "model.vocab_size=200"],
-    "llama-gqa": ["model.arch=llama", "model.n_layers=2", "model.d_model=64", "model.n_heads=4",
-                  "model.n_kv_heads=2", "model.d_ff=96", "model.seq_len=32", "model.vocab_size=200"],
+    "gpt": [
+        "model.arch=gpt3",
+        "model.n_layers=2",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.seq_len=32",
+        "model.vocab_size=200",
+    ],
+    "llama-gqa": [
+        "model.arch=llama",
+        "model.n_layers=2",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.n_kv_heads=2",
+        "model.d_ff=96",
+        "model.seq_len=32",
+        "model.vocab_size=200",
+    ],
 }
 LORA = [
     ("gpt", ["lora.rank=4"]),
@@ -81,7 +100,39 @@ def test_inventory_flops_equal_the_trainers(preset, extra):
     if lo.rank > 0:
         assert inv.adapter_params == flops.lora_params(m, lo.rank, tuple(lo.targets))
     w = workload_from_config(cfg)
-    assert w.flops_per_token == inv.flops_per_token(m.seq_len) and w.params == inv.params
+    assert w.flops_per_token == inv.flops_per_token(m.seq_len) and w.inventory.params == inv.params
+
+
+@pytest.mark.parametrize("kind", sorted(TINY))
+def test_each_lora_target_names_one_linear_whose_fans_are_the_inventorys_gemm(kind):
+    cfg = _cfg(kind, ["lora.rank=2", f"lora.targets={list(LORA_TARGETS)}"])
+    with torch.device("meta"):
+        model = apply_lora(build_model(cfg.model), cfg.lora)
+    block = model.blocks["0"]
+    inv = Inventory(model_shape(cfg))
+    gemms = {g.name: g for g in inv.layer}
+    for t in LORA_TARGETS.values():
+        linear, adapter = block.get_submodule(t.module), block.get_submodule(t.module + "_lora")
+        assert isinstance(linear, nn.Linear) and adapter.kind == gemms[t.name].tp == t.tp
+        assert (linear.in_features, linear.out_features) == (gemms[t.name].k, gemms[t.name].n)
+        assert gemms[f"{t.name}.a"].params + gemms[f"{t.name}.b"].params == sum(p.numel() for p in adapter.parameters())
+
+
+def test_a_lora_target_the_model_lacks_is_one_line_and_exit_2(capsys):
+    moe = ModelShape("gpt_oss", 2, 64, 4, 2, 96, 200, experts=4, top_k=2, lora_rank=8, lora_targets=("fc1",))
+    with pytest.raises(ValueError, match=r"^lora.targets: 'fc1' adapts no projection of model.arch='gpt_oss'"):
+        Inventory(moe)
+    set_lora = ["--set", "lora.rank=8", "--set", 'lora.targets=["fc1"]']
+    assert main(["predict", "--model", "gpt-oss-20b", "--gpu", "h100", "--gpus", "8", *set_lora]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "adapts no projection" in err and "\n" not in err
+
+
+def test_a_workload_holds_the_model_shape_and_declares_none_of_its_fields():
+    w = workload_from_config(_cfg("gpt"))
+    assert [f.name for f in fields(Workload)] == ["shape", "seq_len", "name"]
+    assert w.inventory.shape is w.shape
+    assert not [f.name for f in fields(ModelShape) if hasattr(w, f.name)]
 
 
 def test_gemm_shapes_split_by_tensor_parallelism():

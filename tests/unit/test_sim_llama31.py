@@ -197,7 +197,7 @@ def test_plan_searches_the_uneven_depths_and_prices_both_models():
         best = res.best[0]
         assert best.feasible and best.time_to_train_min is not None
         lay = best.layout
-        assert chunk_layers(w.layers, lay["pp"], lay["vp"]) is not None
+        assert chunk_layers(w.shape.layers, lay["pp"], lay["vp"]) is not None
         bench = "llama31_8b" if w is W8 else "llama31_405b"
         assert min(mlperf.rcp_records(bench)) <= lay["gbs"] <= max(mlperf.rcp_records(bench))
 

@@ -24,8 +24,18 @@ GPT3 = load_workload("gpt3")
 LLAMA = load_workload("llama2-70b")
 LORA = load_workload("llama2_70b_lora")
 EFF = Efficiency()
-BREAKDOWN_KEYS = {"compute", "tp_exposed", "cp_exposed", "pp_bubble", "dp_exposed", "overlap_slowdown", "optimizer",
-                  "overhead", "sync", "straggler"}
+BREAKDOWN_KEYS = {
+    "compute",
+    "tp_exposed",
+    "cp_exposed",
+    "pp_bubble",
+    "dp_exposed",
+    "overlap_slowdown",
+    "optimizer",
+    "overhead",
+    "sync",
+    "straggler",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -45,11 +55,10 @@ def _cluster(gpus: int, gpu: str = "h100", node: str | None = None, fabric: str 
 
 def test_llama2_70b_parameter_count_is_hugging_faces():
     m = resolve("llama2-70b").model
-    assert (m.n_layers, m.d_model, m.n_heads, m.kv_heads, m.ffn_size, m.padded_vocab) == (
-        80, 8192, 64, 8, 28672, 32000)
+    assert (m.n_layers, m.d_model, m.n_heads, m.kv_heads, m.ffn_size, m.padded_vocab) == (80, 8192, 64, 8, 28672, 32000)
     # meta-llama/Llama-2-70b-hf: 68,976,648,192 parameters (untied embedding and head, RMSNorm weights, no biases).
     assert flops.num_params(m) == 68_976_648_192
-    assert LLAMA.params == 68_976_648_192
+    assert LLAMA.inventory.params == 68_976_648_192
     # By hand: per layer Q,O 8192^2 each, K,V 8192x1024 each, SwiGLU 3 x 8192 x 28672, two norms.
     per_layer = 2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 * 8192
     assert 80 * per_layer + 8192 + 2 * 32000 * 8192 == 68_976_648_192
@@ -59,7 +68,7 @@ def test_llama2_70b_parameter_count_is_hugging_faces():
 def test_llama2_70b_training_flops_per_token_by_hand():
     l, h, s, V, kv, hd, f = 80, 8192, 4096, 32000, 8, 128, 28672
     layer_matmul = h * (h + 2 * kv * hd) + h * h + 3 * h * f  # fused QKV (GQA), output, gate+up+down
-    assert LLAMA.layer_params == layer_matmul == 855_638_016
+    assert LLAMA.inventory.layer_matrix_params == layer_matmul == 855_638_016
     fwd = 2 * layer_matmul * l + 2 * 2 * s * h * l + 2 * h * V  # GEMMs, full s^2 attention (QK^T, AV), logits
     assert fwd == 136_902_082_560 + 10_737_418_240 + 524_288_000 == 148_163_788_800
     m = resolve("llama2-70b").model
@@ -77,7 +86,7 @@ def test_gpt3_flops_are_the_72_l_h2_closed_form():
     closed = 72 * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
     assert GPT3.flops_per_token == pytest.approx(closed, rel=1e-12)
     assert GPT3.flops_per_token == pytest.approx(1.0764e12, rel=1e-4)
-    assert GPT3.layer_params == 12 * h * h
+    assert GPT3.inventory.layer_matrix_params == 12 * h * h
 
 
 def test_lora_adapter_count_by_hand():
@@ -86,8 +95,8 @@ def test_lora_adapter_count_by_hand():
     per_layer = r * (h + (h + 2 * kv * hd)) + r * (h + h)  # qkv: h -> h + 2*kv*hd; proj: h -> h
     assert per_layer == 557_056
     assert flops.lora_params(m, 16, ("qkv", "proj")) == l * per_layer == 44_564_480
-    assert LORA.trainable_params == 44_564_480
-    assert LORA.params == 68_976_648_192
+    assert LORA.inventory.trainable_params == 44_564_480
+    assert LORA.inventory.params == 68_976_648_192
     assert flops.lora_params(m, 0) == 0
     # Other targets: fc1 is gate+up (h -> 2f), fc2 f -> h.
     f = 28672
@@ -117,7 +126,7 @@ def test_layer_gemms_carry_exactly_the_counted_flops():
     for w in (GPT3, LLAMA):
         tokens = w.seq_len
         base = sum(2 * m_ * n * k for m_, n, k in compute.layer_gemms(w, ClusterLayout(gpus=1)))
-        assert base == pytest.approx(w.forward_flops["gemm"] / w.layers * tokens, rel=1e-12)
+        assert base == pytest.approx(w.forward_flops["gemm"] / w.shape.layers * tokens, rel=1e-12)
         for t in (2, 4, 8):
             sharded = sum(2 * m_ * n * k for m_, n, k in compute.layer_gemms(w, ClusterLayout(gpus=t, tp=t)))
             assert sharded * t == pytest.approx(base, rel=1e-12)
@@ -125,27 +134,32 @@ def test_layer_gemms_carry_exactly_the_counted_flops():
     gemms = compute.layer_gemms(LORA, ClusterLayout(gpus=1))
     assert len(gemms) == 4 + 2 * 2
     adapter = sum(2 * m_ * n * k for m_, n, k in gemms[4:])
-    assert adapter == pytest.approx(2 * LORA.seq_len * LORA.trainable_params / LORA.layers, rel=1e-12)
+    assert adapter == pytest.approx(2 * LORA.seq_len * LORA.inventory.trainable_params / LORA.shape.layers, rel=1e-12)
 
 
 def test_lora_fc1_adapter_gemms_match_lora_params_for_gated_mlp():
-    w = replace(LORA, lora_targets=("fc1",), trainable_params=flops.lora_params(
-        resolve("llama2-70b-lora").model, 16, ("fc1",)))
+    # A gated MLP's fc1 is the fused gate and up (2·ffn wide): one adapter of r·(h + 2·ffn) per layer.
+    w = replace(LORA, shape=replace(LORA.shape, lora_targets=("fc1",)))
+    h, f, r = w.shape.hidden, w.shape.ffn, w.shape.lora_rank
+    assert flops.lora_params(resolve("llama2-70b-lora").model, r, ("fc1",)) == w.shape.layers * r * (h + 2 * f)
     gemms = compute.layer_gemms(w, ClusterLayout(gpus=1))
     adapter = sum(2 * m_ * n * k for m_, n, k in gemms[4:])
-    assert adapter == pytest.approx(2 * w.seq_len * w.trainable_params / w.layers, rel=1e-12)
+    assert adapter == pytest.approx(2 * w.seq_len * r * (h + 2 * f), rel=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Recomputation (the simulator prices time, not FLOPs)
 
 
-@pytest.mark.parametrize("w, lay", [
-    (GPT3, ClusterLayout(gpus=4, tp=4, fp8=True)),
-    (GPT3, ClusterLayout(gpus=8, tp=4, cp=2)),
-    (LLAMA, ClusterLayout(gpus=8, tp=8, mbs=2)),
-    (LORA, ClusterLayout(gpus=4, tp=4, sp=False)),
-])
+@pytest.mark.parametrize(
+    "w, lay",
+    [
+        (GPT3, ClusterLayout(gpus=4, tp=4, fp8=True)),
+        (GPT3, ClusterLayout(gpus=8, tp=4, cp=2)),
+        (LLAMA, ClusterLayout(gpus=8, tp=8, mbs=2)),
+        (LORA, ClusterLayout(gpus=4, tp=4, sp=False)),
+    ],
+)
 def test_recompute_adds_one_forward_or_one_attention_forward(w, lay):
     gpu = CAT.gpu("h100")
     none = compute.layer_times(w, lay, gpu, 0.8)
@@ -182,11 +196,11 @@ def uniform_stages(monkeypatch):
 
 
 BUBBLE_LAYOUTS = [
-    ClusterLayout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=512, fp8=True),     # interleaved, m=32
+    ClusterLayout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=512, fp8=True),  # interleaved, m=32
     ClusterLayout(gpus=10752, tp=4, pp=8, vp=12, mbs=1, gbs=2688, fp8=True),  # interleaved, m=8 = p
-    ClusterLayout(gpus=512, tp=4, pp=8, vp=4, mbs=2, gbs=1024),               # interleaved, m=32, mbs 2
-    ClusterLayout(gpus=512, tp=4, pp=8, mbs=1, gbs=512),                      # 1f1b, m=32
-    ClusterLayout(gpus=256, tp=8, pp=4, mbs=1, gbs=40, schedule="gpipe"),     # gpipe, m=5
+    ClusterLayout(gpus=512, tp=4, pp=8, vp=4, mbs=2, gbs=1024),  # interleaved, m=32, mbs 2
+    ClusterLayout(gpus=512, tp=4, pp=8, mbs=1, gbs=512),  # 1f1b, m=32
+    ClusterLayout(gpus=256, tp=8, pp=4, mbs=1, gbs=40, schedule="gpipe"),  # gpipe, m=5
 ]
 
 
@@ -238,13 +252,17 @@ def _step(lay: ClusterLayout, gpu: str = "h100", w=GPT3, eff: Efficiency = EFF, 
     return step_time(w, lay, _cluster(lay.gpus, gpu, node), eff)
 
 
-@pytest.mark.parametrize("w, lay", [
-    (GPT3, ClusterLayout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=2048, fp8=True)),
-    (GPT3, ClusterLayout(gpus=1024, tp=8, pp=8, cp=2, mbs=1, gbs=1024, recompute="selective", zero=3)),
-    (GPT3, ClusterLayout(gpus=64, tp=8, pp=8, mbs=1, gbs=64)),
-    (LORA, ClusterLayout(gpus=8, tp=4, pp=1, cp=2, mbs=1, gbs=8, fp8=True)),
-    (LLAMA, ClusterLayout(gpus=256, tp=8, pp=4, vp=5, cp=1, mbs=1, gbs=256, zero=0)),
-], ids=["gpt3-512", "gpt3-cp2-zero3", "gpt3-dp1", "lora-cp2", "llama-zero0"])
+@pytest.mark.parametrize(
+    "w, lay",
+    [
+        (GPT3, ClusterLayout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=2048, fp8=True)),
+        (GPT3, ClusterLayout(gpus=1024, tp=8, pp=8, cp=2, mbs=1, gbs=1024, recompute="selective", zero=3)),
+        (GPT3, ClusterLayout(gpus=64, tp=8, pp=8, mbs=1, gbs=64)),
+        (LORA, ClusterLayout(gpus=8, tp=4, pp=1, cp=2, mbs=1, gbs=8, fp8=True)),
+        (LLAMA, ClusterLayout(gpus=256, tp=8, pp=4, vp=5, cp=1, mbs=1, gbs=256, zero=0)),
+    ],
+    ids=["gpt3-512", "gpt3-cp2-zero3", "gpt3-dp1", "lora-cp2", "llama-zero0"],
+)
 def test_breakdown_keys_sum_to_step_time(w, lay):
     assert lay.problems(w) == []
     res = _step(lay, w=w)
@@ -278,8 +296,10 @@ def test_degree_one_dimensions_expose_nothing():
 
 
 def test_more_gpus_same_batch_is_faster():
-    times = [_step(ClusterLayout(gpus=g, tp=4, pp=8, vp=12, mbs=1, gbs=2048, fp8=True)).step_time_s
-             for g in (256, 512, 1024, 2048)]
+    times = [
+        _step(ClusterLayout(gpus=g, tp=4, pp=8, vp=12, mbs=1, gbs=2048, fp8=True)).step_time_s
+        for g in (256, 512, 1024, 2048)
+    ]
     assert times == sorted(times, reverse=True) and len(set(times)) == 4
     # Strong scaling is sub-linear: the bubble grows as m shrinks.
     assert times[0] / times[-1] < 8
@@ -323,13 +343,13 @@ def _rank_traffic(lay, rank):
 
 
 LAY_512 = ClusterLayout(gpus=512, tp=4, pp=8, vp=12, mbs=1, gbs=2048, fp8=True)
-PER_CHUNK = GPT3.layer_params * GPT3.layers / (4 * 8 * 12)
+PER_CHUNK = GPT3.inventory.layer_matrix_params * GPT3.shape.layers / (4 * 8 * 12)
 
 
 def test_dp_traffic_holds_the_embedding_once_where_it_lives():
-    embed = GPT3.vocab * GPT3.hidden / LAY_512.tp
+    embed = GPT3.shape.vocab * GPT3.shape.hidden / LAY_512.tp
     mid, _ = _rank_traffic(LAY_512, 3)
-    assert mid == pytest.approx([4 * PER_CHUNK] * LAY_512.vp)          # fp32 grads, no embedding
+    assert mid == pytest.approx([4 * PER_CHUNK] * LAY_512.vp)  # fp32 grads, no embedding
     first, _ = _rank_traffic(LAY_512, 0)
     last, _ = _rank_traffic(LAY_512, LAY_512.pp - 1)
     assert first[0] == pytest.approx(4 * (PER_CHUNK + embed)) and first[1:] == pytest.approx(mid[1:])
@@ -371,8 +391,10 @@ def test_zero3_pays_per_micro_batch():
     few = step_time(GPT3, replace(lay, gbs=64, zero=3), _cluster(512), EFF)
     many = step_time(GPT3, replace(lay, zero=3), _cluster(512), EFF)
     z1 = step_time(GPT3, lay, _cluster(512), EFF)
-    assert many.breakdown["dp_exposed"] + many.breakdown["overlap_slowdown"] > \
-        z1.breakdown["dp_exposed"] + z1.breakdown["overlap_slowdown"]
+    assert (
+        many.breakdown["dp_exposed"] + many.breakdown["overlap_slowdown"]
+        > z1.breakdown["dp_exposed"] + z1.breakdown["overlap_slowdown"]
+    )
     assert many.step_time_s / few.step_time_s > 512 / 64 * 0.9
 
 
@@ -387,8 +409,18 @@ MLPERF_10752 = ClusterLayout(gpus=10752, tp=4, pp=8, vp=12, mbs=1, gbs=2688, fp8
 def test_predict_json_keys_and_mfu_relation():
     pred = predict(GPT3, MLPERF_10752, "h100", node="nd-h100-v5", calibration="v3.1")
     d = pred.to_dict()
-    for key in ("step_time_s", "time_to_train_min", "tokens_per_s_per_gpu", "mfu", "memory_gib_per_gpu", "steps",
-                "feasible", "reasons", "breakdown", "layout"):
+    for key in (
+        "step_time_s",
+        "time_to_train_min",
+        "tokens_per_s_per_gpu",
+        "mfu",
+        "memory_gib_per_gpu",
+        "steps",
+        "feasible",
+        "reasons",
+        "breakdown",
+        "layout",
+    ):
         assert key in d
     json.loads(json.dumps(d))
     assert d["feasible"] is True and d["reasons"] == []
@@ -404,7 +436,8 @@ def test_predict_json_keys_and_mfu_relation():
     assert 0 < pred.memory_gib_per_gpu < 80e9 / 2**30
     assert pred.steps > 0 and pred.evals > 0
     assert pred.time_to_train_min == pytest.approx(
-        (pred.warmup_s + pred.steps * pred.step_time_s + pred.evals * pred.eval_time_s) / 60, rel=1e-12)
+        (pred.warmup_s + pred.steps * pred.step_time_s + pred.evals * pred.eval_time_s) / 60, rel=1e-12
+    )
     assert set(d["phases_min"]) == {"warmup", "steps", "evaluations"}
     assert sum(d["phases_min"].values()) == pytest.approx(d["time_to_train_min"], rel=1e-12)
     assert set(d["breakdown"]) | {"evaluation", "warmup"} == set(d["ttt_breakdown"])
@@ -426,18 +459,22 @@ def test_mfu_uses_the_dense_bf16_peak_for_other_gpus():
         assert pred.mfu == pytest.approx(pred.tokens_per_s_per_gpu * GPT3.flops_per_token / (peak * 1e12))
 
 
-@pytest.mark.parametrize("lay, words", [
-    (ClusterLayout(gpus=10, tp=4, pp=1, gbs=8), "not a multiple of tp*pp*cp"),
-    (ClusterLayout(gpus=40, tp=5, gbs=8), "tp=5"),
-    (ClusterLayout(gpus=40, tp=8, pp=5, gbs=40), "layers"),  # 96 and 96 + 2 do not split into 5
-    (ClusterLayout(gpus=128, tp=8, pp=8, gbs=3), "gbs=3"),
-    (ClusterLayout(gpus=64, tp=8, pp=8, gbs=4), "micro-batches"),
-    (ClusterLayout(gpus=64, tp=8, pp=8, vp=5, gbs=8), "pp*vp=40"),
-    (ClusterLayout(gpus=64, tp=8, pp=8, vp=2, gbs=12), "multiple of pp"),
-    (ClusterLayout(gpus=8, tp=8, recompute="most"), "recompute"),
-    (ClusterLayout(gpus=0), "gpus=0"),
-    (ClusterLayout(gpus=8, gbs=0), "gbs=0"),
-], ids=lambda x: x if isinstance(x, str) else x.describe())
+@pytest.mark.parametrize(
+    "lay, words",
+    [
+        (ClusterLayout(gpus=10, tp=4, pp=1, gbs=8), "not a multiple of tp*pp*cp"),
+        (ClusterLayout(gpus=40, tp=5, gbs=8), "tp=5"),
+        (ClusterLayout(gpus=40, tp=8, pp=5, gbs=40), "layers"),  # 96 and 96 + 2 do not split into 5
+        (ClusterLayout(gpus=128, tp=8, pp=8, gbs=3), "gbs=3"),
+        (ClusterLayout(gpus=64, tp=8, pp=8, gbs=4), "micro-batches"),
+        (ClusterLayout(gpus=64, tp=8, pp=8, vp=5, gbs=8), "pp*vp=40"),
+        (ClusterLayout(gpus=64, tp=8, pp=8, vp=2, gbs=12), "multiple of pp"),
+        (ClusterLayout(gpus=8, tp=8, recompute="most"), "recompute"),
+        (ClusterLayout(gpus=0), "gpus=0"),
+        (ClusterLayout(gpus=8, gbs=0), "gbs=0"),
+    ],
+    ids=lambda x: x if isinstance(x, str) else x.describe(),
+)
 def test_impossible_layouts_are_infeasible_not_errors(lay, words):
     pred = predict(GPT3, lay, "h100", eff=EFF)
     assert pred.feasible is False

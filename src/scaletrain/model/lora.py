@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scaletrain.architectures import LORA_TARGETS
 from scaletrain.model.init import normal_, param_key
 
 if TYPE_CHECKING:
@@ -30,14 +31,6 @@ if TYPE_CHECKING:
 
     from scaletrain.model.build import Decoder
 
-# Config target -> module paths inside a block, with the tensor-parallel style of the base linear. A target
-# matches the paths that exist: GPT has mlp.fc/mlp.proj, a gated (Llama) MLP mlp.gate + mlp.up / mlp.proj|down.
-TARGETS = {
-    "qkv": (("attn.qkv", "col"),),
-    "proj": (("attn.proj", "row"),),
-    "fc1": (("mlp.fc", "col"), ("mlp.gate", "col"), ("mlp.up", "col")),
-    "fc2": (("mlp.proj", "row"), ("mlp.down", "row")),
-}
 SUFFIX = "_lora"  # adapter of `attn.qkv` is `attn.qkv_lora`
 
 
@@ -165,36 +158,32 @@ def apply_lora(model: nn.Module, lora_cfg, b_std: float = 0.0) -> nn.Module:
     """
     if lora_cfg.rank <= 0:
         raise ValueError(f"lora.rank={lora_cfg.rank}: must be > 0 to apply LoRA")
-    unknown = [t for t in lora_cfg.targets if t not in TARGETS]
+    unknown = [t for t in lora_cfg.targets if t not in LORA_TARGETS]
     if unknown:
-        raise ValueError(f"lora.targets: unknown {unknown}; choose from {sorted(TARGETS)}")
+        raise ValueError(f"lora.targets: unknown {unknown}; choose from {sorted(LORA_TARGETS)}")
     for bname, block in cast("Decoder", model).blocks.items():
         for target in lora_cfg.targets:
-            found = False
-            for path, kind in TARGETS[target]:
-                parent_path, leaf = path.rsplit(".", 1)
-                parent = block.get_submodule(parent_path)
-                base = getattr(parent, leaf, None)
-                if not isinstance(base, nn.Linear):
-                    continue
-                if isinstance(base, LoraLinear):
-                    raise ValueError(f"blocks.{bname}.{path} already has a LoRA adapter")
-                adapter = LoraAdapter(
-                    base.in_features,
-                    base.out_features,
-                    lora_cfg.rank,
-                    lora_cfg.alpha,
-                    lora_cfg.dropout,
-                    kind,
-                    device=base.weight.device,
-                    dtype=base.weight.dtype,
-                )
-                setattr(parent, leaf + SUFFIX, adapter)
-                base.__class__ = LoraLinear
-                base.__dict__["_lora_adapter"] = adapter  # a plain reference: not a child module, see docstring
-                found = True
-            if not found:
+            path, kind = LORA_TARGETS[target].module, LORA_TARGETS[target].tp
+            parent_path, leaf = path.rsplit(".", 1)
+            parent = block.get_submodule(parent_path)
+            base = getattr(parent, leaf, None)
+            if not isinstance(base, nn.Linear):
                 raise ValueError(f"lora.targets: {target!r} matches no linear in blocks.{bname}")
+            if isinstance(base, LoraLinear):
+                raise ValueError(f"blocks.{bname}.{path} already has a LoRA adapter")
+            adapter = LoraAdapter(
+                base.in_features,
+                base.out_features,
+                lora_cfg.rank,
+                lora_cfg.alpha,
+                lora_cfg.dropout,
+                kind,
+                device=base.weight.device,
+                dtype=base.weight.dtype,
+            )
+            setattr(parent, leaf + SUFFIX, adapter)
+            base.__class__ = LoraLinear
+            base.__dict__["_lora_adapter"] = adapter  # a plain reference: not a child module, see docstring
     freeze_base(model)
     # torch stubs type Module.__setattr__ for tensors and modules only; plain attributes are fine at run time.
     model._lora_b_std = b_std  # type: ignore[assignment]

@@ -78,7 +78,7 @@ def estimate_memory(w: Workload, cluster: ClusterLayout, pp_rank: int) -> dict:
     out = {k: getattr(est, k) / memory.GIB for k in ("weights", "grads", "optimizer", "activations", "other")}
     out["total"] = est.total / memory.GIB
     out["in_flight_microbatches"] = est.in_flight
-    out["layers_on_rank"] = math.ceil(w.layers / cluster.pp)
+    out["layers_on_rank"] = math.ceil(w.shape.layers / cluster.pp)
     return out
 
 

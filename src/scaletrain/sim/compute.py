@@ -92,19 +92,19 @@ def _interp_curve(curve, gflop: float) -> float:
 
 def moe_share(w: Workload) -> float:
     """Fraction of the layers that are Mixture-of-Experts (the per-layer times are the mean over the layers)."""
-    if not w.experts:
+    if not w.shape.experts:
         return 1.0
-    return (w.layers - min(w.dense_layers, w.layers)) / w.layers
+    return (w.shape.layers - min(w.shape.dense_layers, w.shape.layers)) / w.shape.layers
 
 
 def _mlp_width(w: Workload, t: int) -> float:
     """MLP activation width per token on one TP rank, averaged over the layers: the dense d_ff split by TP, or an MoE
     layer's top-k routed experts (whole, on the rank's sequence shard) plus its shared experts."""
-    if not w.experts:
-        return w.ffn / t
+    if not w.shape.experts:
+        return w.shape.ffn / t
     share = moe_share(w)
-    moe = (w.top_k * w.expert_ffn + w.shared_experts * w.expert_ffn) / t
-    return share * moe + (1 - share) * w.ffn / t
+    moe = (w.shape.top_k * w.shape.expert_ffn + w.shape.shared_experts * w.shape.expert_ffn) / t
+    return share * moe + (1 - share) * w.shape.ffn / t
 
 
 def layer_gemms(w: Workload, layout: ClusterLayout) -> list[tuple[int, int, int]]:
@@ -134,7 +134,7 @@ def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float, f
         gemm_f += one
         # Backward: data gradient always; weight gradient only for trained weights (LoRA freezes the base).
         gemm_b += one * (2 if g.trainable else 1)
-    if w.experts and w.dense_layers:
+    if w.shape.experts and w.shape.dense_layers:
         # The leading dense layers' MLP, at their share of the mean layer.
         for g in w.inventory.dense_base:
             if g.name in ("fc1", "fc2"):
@@ -155,14 +155,14 @@ def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float, f
     split = t if layout.sp else 1
     # The MLP activation reads its input and writes its output: GELU f + f, SwiGLU 2f (gate, up) + f, bf16.
     ffn = _mlp_width(w, t)
-    h_bytes = _ELEMENTWISE_H_BYTES * w.hidden / split + 2 * ffn * (3 if w.gated_mlp else 2)
+    h_bytes = _ELEMENTWISE_H_BYTES * w.shape.hidden / split + 2 * ffn * (3 if w.shape.gated else 2)
     if layout.fp8:
-        h_bytes += _FP8_CAST_BYTES * (2 * w.hidden + w.hidden / t + ffn)
-    if w.experts:
+        h_bytes += _FP8_CAST_BYTES * (2 * w.shape.hidden + w.shape.hidden / t + ffn)
+    if w.shape.experts:
         # Token permutation around the routed experts, at the MoE layers' share: dispatch gathers top-k copies of
         # each (sequence-shard) token row into expert order (read and write) and combine scatters the weighted
         # results back (read and write), bf16.
-        h_bytes += moe_share(w) * 4 * 2 * w.top_k * w.hidden / t
+        h_bytes += moe_share(w) * 4 * 2 * w.shape.top_k * w.shape.hidden / t
     elem_f = tokens * h_bytes / (gpu.hbm_copy_tbps * TB)
     fwd = gemm_f + attn_f + elem_f
     bwd = gemm_b + attn_b + 2 * elem_f
@@ -179,12 +179,12 @@ def logits_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float) 
     head = w.inventory.logits
     one = gemm_time(gpu, 2.0 * tokens * head.k * head.n / layout.tp, False, gemm_eff)
     # Cross-entropy reads fp32 logits a few times (max, exp-sum, grad).
-    ce = 3 * 4 * tokens * w.vocab / layout.tp / (gpu.hbm_copy_tbps * TB)
+    ce = 3 * 4 * tokens * w.shape.vocab / layout.tp / (gpu.hbm_copy_tbps * TB)
     return one + ce, one * (2 if head.trainable else 1) + ce
 
 
 def embedding_times(w: Workload, layout: ClusterLayout, gpu: GPU) -> tuple[float, float]:
     """(forward, backward) seconds of the input embedding on the first stage (a gather; memory-bound)."""
     tokens = layout.mbs * w.seq_len // layout.cp
-    moved = 2 * 2 * tokens * w.hidden / (layout.tp if layout.sp else 1)
+    moved = 2 * 2 * tokens * w.shape.hidden / (layout.tp if layout.sp else 1)
     return moved / (gpu.hbm_copy_tbps * TB), 2 * moved / (gpu.hbm_copy_tbps * TB)

@@ -30,7 +30,7 @@ def run_gemm_gflop(w: Workload, layout: ClusterLayout) -> float:
     for g, (m, n, k) in zip(w.inventory.layer, layer_gemms(w, layout)):
         groups = max(1, g.experts // max(1, layout.ep)) if g.experts > 1 else 1
         one = 2.0 * m / groups * n * k / 1e9
-        sizes.append((one, one * groups * w.layers))
+        sizes.append((one, one * groups * w.shape.layers))
     tokens = layout.mbs * w.seq_len // layout.cp
     head = 2.0 * tokens * w.inventory.logits.k * w.inventory.logits.n / layout.tp / 1e9
     sizes.append((head, head))

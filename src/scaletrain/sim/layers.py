@@ -20,7 +20,7 @@ from functools import cached_property
 from typing import Any
 
 from scaletrain import architectures
-from scaletrain.architectures import Architecture
+from scaletrain.architectures import LORA_TARGETS, Architecture
 
 LORA_DROPOUT_BYTES = 3
 """Per element of an adapted projection's input: the adapter's dropout output (bf16) and its 1-byte mask (MLPerf's
@@ -29,21 +29,29 @@ LoRA rules fix adapter dropout at 0.1, so it is always on)."""
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What the inventory needs to know about a model: its widths and how it is trained (LoRA)."""
+    """What the inventory needs to know about a model: its widths and how it is trained (LoRA), in the notation of
+    docs/perf-model.md (h, a, l, V). The simulator's one description of a model: a `Workload` holds one."""
 
     arch: str
     """model.arch; its structure (gated MLP, biases, norms, tied head) comes from scaletrain/architectures.py."""
     layers: int
+    """l: transformer blocks."""
     hidden: int
+    """h: model width."""
     heads: int
+    """a: attention heads."""
     kv_heads: int
+    """Key/value heads (grouped-query attention); equals heads for GPT-3."""
     ffn: int
+    """MLP inner width."""
     vocab: int
-    """Padded vocabulary rows."""
+    """V: padded vocabulary rows."""
     positions: int = 0
     """Learned position rows (GPT-3: the model's seq_len); 0 for rotary positions."""
     lora_rank: int = 0
+    """LoRA rank; 0 = full training."""
     lora_targets: tuple = ("qkv", "proj")
+    """Projections with adapters (keys of architectures.LORA_TARGETS)."""
     head_size: int = 0
     """Per-head width; 0 = hidden / heads (GPT-OSS: 64 with hidden 2,880 and 64 heads)."""
     experts: int = 0
@@ -79,6 +87,11 @@ class ModelShape:
     def moe(self) -> bool:
         """Some layers are Mixture-of-Experts."""
         return self.experts > 0
+
+    @property
+    def lora(self) -> bool:
+        """Base frozen, LoRA adapters trained."""
+        return self.lora_rank > 0
 
     @property
     def mla(self) -> bool:
@@ -215,7 +228,7 @@ class Inventory:
     def __init__(self, shape: ModelShape):
         self.shape = s = shape
         h, f, hd = s.hidden, s.ffn, s.head_dim
-        bias, lora = s.facts.biases, s.lora_rank > 0
+        bias, lora = s.facts.biases, s.lora
         attn = self._attention_gemms(s, bias, not lora)
         dense_mlp = (
             Gemm("fc1", f * (2 if s.gated else 1), h, "col", not lora, fp8=True, bias=bias),
@@ -226,13 +239,19 @@ class Inventory:
         if lora:
             by_name = {g.name: g for g in base}
             for target in s.lora_targets:
-                g, r = by_name[target], s.lora_rank
-                # A (in -> r) splits like the base's input, B (r -> out) like its output.
+                if target not in by_name or target not in LORA_TARGETS:
+                    raise ValueError(
+                        f"lora.targets: {target!r} adapts no projection of model.arch={s.arch!r} "
+                        f"(its layers have {', '.join(by_name)})"
+                    )
+                # The adapted GEMM's own widths are the fans: A (in -> r) splits like its input, B (r -> out) like
+                # its output, as architectures.LORA_TARGETS says tensor parallelism splits the projection.
+                g, r, split = by_name[target], s.lora_rank, LORA_TARGETS[target].tp
                 adapters.append(
-                    Gemm(f"{target}.a", r, g.k, "row" if g.tp == "row" else "none", True, adapter_of=target)
+                    Gemm(f"{target}.a", r, g.k, "row" if split == "row" else "none", True, adapter_of=target)
                 )
                 adapters.append(
-                    Gemm(f"{target}.b", g.n, r, "col" if g.tp == "col" else "none", True, adapter_of=target)
+                    Gemm(f"{target}.b", g.n, r, "col" if split == "col" else "none", True, adapter_of=target)
                 )
         self.base: tuple[Gemm, ...] = base
         """The base GEMMs of the typical layer: the MoE layer of an MoE model, else the one dense layer."""
@@ -366,7 +385,7 @@ class Inventory:
     @property
     def trainable_params(self) -> int:
         """Parameters with gradients and optimizer state: the adapters under LoRA, else all."""
-        return self.adapter_params if self.shape.lora_rank > 0 else self.params
+        return self.adapter_params if self.shape.lora else self.params
 
     def expert_rank_params(self, layers: int, ep: int = 1) -> int:
         """Routed-expert parameters one rank holds for `layers` layers when `ep` ranks share out the experts (whole

@@ -65,7 +65,7 @@ def activation_bytes_per_layer(w: Workload, layout: ClusterLayout, dropout: bool
     s, b, t = w.seq_len / layout.cp, layout.mbs, layout.tp
     sp_div = t if layout.sp else 1  # SP splits the sequence dimension of what TP leaves whole
     if layout.recompute == "full":
-        return 2.0 * s * b * w.hidden / sp_div
+        return 2.0 * s * b * w.shape.hidden / sp_div
     rep, shard = _layer_terms(w, layout, dropout)
     return s * b * (rep / sp_div + shard / t)
 
@@ -113,7 +113,7 @@ def rank_params(w: Workload, layout: ClusterLayout, first: bool, last: bool) -> 
 
 def _blocks(w: Workload, layout: ClusterLayout, first: bool, last: bool) -> int:
     """Transformer blocks of the first or last pipeline rank (the most any rank holds when neither)."""
-    per_rank = rank_layers(w.layers, layout.pp, layout.vp)
+    per_rank = rank_layers(w.shape.layers, layout.pp, layout.vp)
     if first or last:
         return max(per_rank[0] if first else 0, per_rank[-1] if last else 0)
     return max(per_rank)
@@ -128,9 +128,10 @@ def local_params(w: Workload, layout: ClusterLayout, first: bool, last: bool) ->
 
 
 def _adapter_params(w: Workload, layout: ClusterLayout) -> float:
-    return (
-        w.trainable_params * max(rank_layers(w.layers, layout.pp, layout.vp)) / w.layers / layout.tp if w.lora else 0.0
-    )
+    if not w.shape.lora:
+        return 0.0
+    layers = w.shape.layers
+    return w.inventory.trainable_params * max(rank_layers(layers, layout.pp, layout.vp)) / layers / layout.tp
 
 
 def _rank_memory(w: Workload, layout: ClusterLayout, first: bool, last: bool, in_flight: float, dropout: bool):
@@ -138,7 +139,7 @@ def _rank_memory(w: Workload, layout: ClusterLayout, first: bool, last: bool, in
     d = layout.zero_shards
     layers = _blocks(w, layout, first, last)
     wb, gb, ob = bytes_per_param(zero, d, layout.bf16_grads)
-    if w.lora:
+    if w.shape.lora:
         # Frozen base: weights only (FP8 parameters for the layers under FP8, bf16 embedding), sharded over d by ZeRO-3.
         layer_params = w.inventory.rank_params(t, layers, False, False)
         outer = w.inventory.rank_params(t, 0, first, last)
@@ -158,18 +159,22 @@ def _rank_memory(w: Workload, layout: ClusterLayout, first: bool, last: bool, in
     if zero == 3:
         unit = (
             2.0
-            * (w.layer_params - w.inventory.expert_rank_params(1, 1) + w.inventory.expert_rank_params(1, layout.ep))
+            * (
+                w.inventory.layer_matrix_params
+                - w.inventory.expert_rank_params(1, 1)
+                + w.inventory.expert_rank_params(1, layout.ep)
+            )
             / t
         )
         # one layer's bf16 weights, all-gathered for use (its routed experts: this rank's share)
         weights += 2 * unit  # the layer being computed plus the one prefetched
-        grads += 0 if w.lora else unit  # one layer's full gradients before their reduce-scatter
+        grads += 0 if w.shape.lora else unit  # one layer's full gradients before their reduce-scatter
 
     act = layers * activation_bytes_per_layer(w, layout, dropout) * in_flight
     if layout.recompute == "full":  # backward re-runs one layer's forward: its full activations live meanwhile
         act += activation_bytes_per_layer(w, replace(layout, recompute="none"), dropout)
 
-    s, b, h = w.seq_len / layout.cp, layout.mbs, w.hidden
+    s, b, h = w.seq_len / layout.cp, layout.mbs, w.shape.hidden
     sp_div = t if layout.sp else 1
     other = 0.0
     if first and dropout:
@@ -177,7 +182,8 @@ def _rank_memory(w: Workload, layout: ClusterLayout, first: bool, last: bool, in
     if last:
         # The loss's backward follows its forward at once on the last stage, except under GPipe (all m wait).
         n_head = layout.microbatches if layout.pipeline_schedule == "gpipe" else 1
-        other += n_head * s * b * (2 * h / sp_div + 2 * h / sp_div + LOGIT_BYTES * w.vocab / t)  # norm, head input
+        v = w.shape.vocab
+        other += n_head * s * b * (2 * h / sp_div + 2 * h / sp_div + LOGIT_BYTES * v / t)  # norm, head input
     total = weights + grads + optimizer + act + other
     return MemoryEstimate(weights, grads, optimizer, act, other, total, in_flight)
 

@@ -69,23 +69,24 @@ def _depths(layers: int) -> list[int]:
 def _eps(w: Workload, stage_ranks: int) -> list[int]:
     """Expert-parallel degrees to try: 1 for a dense model, else the powers of two dividing both the experts and the
     ranks of a pipeline stage."""
-    if not w.experts:
+    experts = w.shape.experts
+    if not experts:
         return [1]
-    return [e for e in (2**i for i in range(0, 20)) if e <= w.experts and not w.experts % e and not stage_ranks % e]
+    return [e for e in (2**i for i in range(0, 20)) if e <= experts and not experts % e and not stage_ranks % e]
 
 
 def _shapes(w: Workload, gpus: int, domain: int):
     """(tp, pp, vp, cp, ep) with tp*pp*cp dividing `gpus`; TP stays inside one NVLink domain (and at most 16); ep
     (MoE models) divides the experts and the gpus/pp ranks of a stage."""
-    for tp in _divisors(w.heads):
+    for tp in _divisors(w.shape.heads):
         if tp > min(domain, 16) or gpus % tp:
             continue
         for cp in CP:
-            for pp in _depths(w.layers):
+            for pp in _depths(w.shape.layers):
                 if gpus % (tp * cp * pp):
                     continue
                 # vp only means something with a pipeline (pp = 1 runs plain 1F1B whatever vp says).
-                vps = [1] if pp == 1 else [v for v in range(1, MAX_VP + 1) if chunk_layers(w.layers, pp, v)]
+                vps = [1] if pp == 1 else [v for v in range(1, MAX_VP + 1) if chunk_layers(w.shape.layers, pp, v)]
                 for vp in vps:
                     for ep in _eps(w, gpus // pp):
                         yield tp, pp, vp, cp, ep

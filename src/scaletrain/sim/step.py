@@ -46,13 +46,13 @@ def _layer_params_rank(w: Workload, t: int, ep: int = 1) -> float:
     gradients reduce over the tp·cp·dp/ep ranks holding the same experts; the DP model prices them over dp·cp, the
     same bytes per rank over a group of the same or larger span.)"""
     experts = w.inventory.expert_rank_params(1, 1)
-    return (w.layer_params - experts) / t + experts / max(ep, 1)
+    return (w.inventory.layer_matrix_params - experts) / t + experts / max(ep, 1)
 
 
 def _trainable_per_layer(w: Workload, t: int, ep: int = 1) -> float:
     """Trainable parameters of one layer held by one TP (and EP) rank."""
-    if w.lora:
-        return (w.trainable_params / w.layers) / t
+    if w.shape.lora:
+        return (w.inventory.trainable_params / w.shape.layers) / t
     return _layer_params_rank(w, t, ep)
 
 
@@ -61,7 +61,7 @@ def _tp_comm(w: Workload, layout: ClusterLayout, cl: Cluster) -> float:
     t = layout.tp
     if t == 1:
         return 0.0
-    size = layout.mbs * (w.seq_len // layout.cp) * w.hidden * BF16
+    size = layout.mbs * (w.seq_len // layout.cp) * w.shape.hidden * BF16
     if layout.sp:
         return 2 * (cl.collective("all_gather", t, size) + cl.collective("reduce_scatter", t, size))
     return 2 * cl.collective("all_reduce", t, size)
@@ -72,7 +72,7 @@ def _cp_comm(w: Workload, layout: ClusterLayout, cl: Cluster) -> float:
     c = layout.cp
     if c == 1:
         return 0.0
-    kv = 2 * layout.mbs * w.seq_len * w.kv_heads * w.head_dim // layout.tp * BF16
+    kv = 2 * layout.mbs * w.seq_len * w.shape.kv_heads * w.shape.head_dim // layout.tp * BF16
     return cl.collective("all_gather", c, kv, stride=layout.tp)
 
 
@@ -80,10 +80,10 @@ def _a2a_comm(w: Workload, layout: ClusterLayout, cl: Cluster) -> float:
     """All-to-all seconds per layer per micro-batch forward (dispatch plus combine; backward moves the same), averaged
     over the layers (the leading dense ones have none). Each rank sends its sequence shard's tokens, top-k copies of
     each: FP8 to dispatch under an FP8 recipe, bf16 back."""
-    if not w.experts or layout.ep <= 1:
+    if not w.shape.experts or layout.ep <= 1:
         return 0.0
     tokens = layout.mbs * w.seq_len // layout.cp // layout.tp
-    routed = tokens * w.top_k * w.hidden * layout.moe_imbalance
+    routed = tokens * w.shape.top_k * w.shape.hidden * layout.moe_imbalance
     dispatch = cl.collective("all_to_all", layout.ep, routed * (1 if layout.fp8 else BF16))
     combine = cl.collective("all_to_all", layout.ep, routed * BF16)
     return (dispatch + combine) * compute.moe_share(w)
@@ -94,7 +94,7 @@ def stage_costs(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency
     p, v = layout.pp, layout.vp
     # Uneven splits (126 blocks in 64 chunks): each chunk is priced with its own blocks, so the event simulation's
     # slowest stage sets the step.
-    blocks = chunk_layers(w.layers, p, v) or [[w.layers // (p * v)] * v for _ in range(p)]
+    blocks = chunk_layers(w.shape.layers, p, v) or [[w.shape.layers // (p * v)] * v for _ in range(p)]
     lt = compute.layer_times(w, layout, cl.gpu, eff.gemm_eff, eff.fp4_eff)
     tp = _tp_comm(w, layout, cl) * eff.tp_exposed
     cp_f = max(0.0, _cp_comm(w, layout, cl) - lt.attn_fwd)
@@ -133,16 +133,16 @@ def _dp_buckets(
     """
     n = layout.dp * layout.cp
     t, p, v = layout.tp, layout.pp, layout.vp
-    table = chunk_layers(w.layers, p, v)
-    layers = table[rank][chunk] if table else w.layers // (p * v)
+    table = chunk_layers(w.shape.layers, p, v)
+    layers = table[rank][chunk] if table else w.shape.layers // (p * v)
     params = _trainable_per_layer(w, t, layout.ep) * layers
     # ZeRO-3 shards and gathers every weight, frozen ones included (a LoRA base gathers its FP8/bf16 weights).
     gathered = (_layer_params_rank(w, t, layout.ep) * layers) if layout.zero == 3 else params
-    weight_bytes = 1 if (layout.zero == 3 and w.lora and layout.fp8) else BF16
+    weight_bytes = 1 if (layout.zero == 3 and w.shape.lora and layout.fp8) else BF16
     nb = max(1, min(layers, math.ceil(max(params, gathered) / max(_BUCKET_PARAMS, 1e6 * n))))
     sizes, gsizes = [params / nb] * nb, [gathered / nb] * nb
-    if not w.lora:
-        vocab = w.vocab * w.hidden / t
+    if not w.shape.lora:
+        vocab = w.shape.vocab * w.shape.hidden / t
         if rank == p - 1 and chunk == v - 1:
             sizes[0] += vocab
             gsizes[0] += vocab
@@ -224,7 +224,7 @@ def step_time(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency, 
     fwd, bwd, exposed = stage_costs(w, layout, cl, eff)
     t = layout.tp
     # Megatron's scatter/gather p2p: each TP rank sends 1/t of the boundary activation (already sharded under SP).
-    act = layout.mbs * (w.seq_len // layout.cp) * w.hidden * BF16 / t
+    act = layout.mbs * (w.seq_len // layout.cp) * w.shape.hidden * BF16 / t
     pp_stride = t * layout.cp * layout.dp
     p2p = cl.p2p(act, same_domain=pp_stride < cl.node.nvlink_domain) if p > 1 else 0.0
     rank_work = [sum(fwd[r]) + sum(bwd[r]) for r in range(p)]
@@ -253,8 +253,10 @@ def step_time(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency, 
     compute_s = sum(fwd[busiest]) * m + sum(bwd[busiest]) * m - (exposed["tp"] + exposed["cp"] + exposed["ep"]) * m
     # The busiest optimizer shard: the first stage's layers plus its embedding (and the head too when pp = 1), or a
     # stage with more layers where the split is uneven.
-    embed = 0 if w.lora else (w.embedding_params if p == 1 else w.vocab * w.hidden) / t
-    per_rank = rank_layers(w.layers, p, v)
+    # The token table, and the untied output layer when one stage holds both.
+    head = w.inventory.head_params if p == 1 else 0
+    embed = 0 if w.shape.lora else (w.shape.vocab * w.shape.hidden + head) / t
+    per_rank = rank_layers(w.shape.layers, p, v)
     per_layer = _trainable_per_layer(w, t, layout.ep)
     params_local = max(per_layer * per_rank[0] + embed, per_layer * max(per_rank))
     shards = layout.dp * layout.cp if layout.zero >= 1 else 1
@@ -269,7 +271,7 @@ def step_time(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency, 
         "optimizer": optimizer,
         "overhead": eff.step_overhead_s,
     }
-    if w.experts:  # only MoE models carry the key, so dense predictions print what they always did
+    if w.shape.experts:  # only MoE models carry the key, so dense predictions print what they always did
         breakdown["ep_exposed"] = exposed["ep"] * m
     # Every rank must finish its work before the step's last collectives complete: the slowest of all ranks sets
     # the pace, and the synchronisation itself is a tree over all of them (fixed_costs).

@@ -1,124 +1,52 @@
 """What is being trained, and how it is laid out: the simulator's two inputs besides the hardware.
 
-A Workload is built from the same `ModelConfig` the trainer uses; its parameters and FLOPs come from the per-layer
-inventory (`sim/layers.py`), which a test ties to the real modules and to the trainer's MFU formula
-(`scaletrain.model.flops`), so trainer MFU and simulator MFU cannot disagree about the model.
+A Workload holds the `ModelShape` of the same `ModelConfig` the trainer uses; its parameters and FLOPs come from
+the per-layer inventory built from that shape (`sim/layers.py`), which the trainer's MFU formula
+(`scaletrain.model.flops`) also counts with and a test ties to the real modules, so trainer MFU and simulator MFU
+cannot disagree about the model.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from functools import cached_property
 
-from scaletrain import architectures, benchmarks
+from scaletrain import benchmarks
 from scaletrain.config import Config, ConfigError, resolve
 from scaletrain.sim.layers import Inventory, ModelShape, shape_of
 
 
 @dataclass(frozen=True)
 class Workload:
-    """Model shape and training kind, in the notation of docs/perf-model.md (h, s, a, l, V)."""
+    """A model trained on sequences of `seq_len` tokens: the model is its `shape` (sim/layers.py's ModelShape, the
+    one description the inventory is built from); the sequence length is the workload's own."""
 
-    name: str
-    """Preset name it came from."""
-    arch: str
-    """model.arch (scaletrain/architectures.py)."""
-    layers: int
-    """l: transformer blocks."""
-    hidden: int
-    """h: model width."""
-    heads: int
-    """a: attention heads."""
-    kv_heads: int
-    """Key/value heads (grouped-query attention); equals heads for GPT-3."""
-    ffn: int
-    """MLP inner width."""
-    vocab: int
-    """V: padded vocabulary."""
+    shape: ModelShape
+    """The model's widths, MoE/MLA/window parts and LoRA rank and targets."""
     seq_len: int
     """s: tokens per sequence."""
-    lora_rank: int = 0
-    """LoRA rank; 0 = full training."""
-    lora_targets: tuple = ("qkv", "proj")
-    """Projections with adapters."""
-    params: int = 0
-    """Base-model parameters."""
-    trainable_params: int = 0
-    """Parameters with gradients and optimizer state (all, or only the adapters under LoRA)."""
-    flops_per_token: float = 0.0
-    """Training model FLOPs per token (the trainer's MFU numerator)."""
-    forward_flops: dict = field(default_factory=dict)
-    """Forward FLOPs per token split into "gemm", "attn" and "logits"."""
-    positions: int = 0
-    """Learned position rows (GPT-3: the model's seq_len); 0 for rotary positions."""
-    # Mixture-of-Experts, latent attention and sliding windows: sim/layers.py's ModelShape documents each.
-    head_size: int = 0
-    experts: int = 0
-    top_k: int = 0
-    expert_ffn: int = 0
-    shared_experts: int = 0
-    dense_layers: int = 0
-    router_bias: bool = False
-    q_rank: int = 0
-    kv_rank: int = 0
-    qk_nope: int = 0
-    qk_rope: int = 0
-    v_dim: int = 0
-    window: int = 0
-    window_layers: int = 0
-    sinks: bool = False
+    name: str = ""
+    """Preset name it came from."""
 
     @cached_property
     def inventory(self) -> Inventory:
-        """The per-layer GEMMs and attention ops of this model (sim/layers.py)."""
-        # ModelShape's fields are a subset of the Workload's, under the same names.
-        return Inventory(ModelShape(**{f.name: getattr(self, f.name) for f in fields(ModelShape)}))
+        """The per-layer GEMMs and attention ops of this model (sim/layers.py): its parameter counts too."""
+        return Inventory(self.shape)
 
-    @property
-    def gated_mlp(self) -> bool:
-        """SwiGLU (three MLP matrices) rather than GELU (two)."""
-        return architectures.get(self.arch).gated_mlp
+    @cached_property
+    def flops_per_token(self) -> float:
+        """Training model FLOPs per token at `seq_len` (the trainer's MFU numerator)."""
+        return self.inventory.flops_per_token(self.seq_len)
 
-    @property
-    def head_dim(self) -> int:
-        """Per-head width."""
-        return self.head_size or self.hidden // self.heads
-
-    @property
-    def active_params(self) -> int:
-        """Parameters a token's FLOPs go through (sim/layers.py's Inventory.active_params)."""
-        return self.inventory.active_params
-
-    @property
-    def lora(self) -> bool:
-        """Base frozen, adapters trained."""
-        return self.lora_rank > 0
-
-    @property
-    def layer_params(self) -> int:
-        """Weights of one block (matrices only; norms and biases are noise at this scale)."""
-        return self.inventory.layer_matrix_params
-
-    @property
-    def embedding_params(self) -> int:
-        """Input embedding rows (plus the untied output head for llama; GPT-3 ties them)."""
-        return self.vocab * self.hidden + self.inventory.head_params
+    @cached_property
+    def forward_flops(self) -> dict[str, float]:
+        """Forward FLOPs per token at `seq_len`, split into "gemm", "attn" and "logits"."""
+        return self.inventory.forward_flops(self.seq_len)
 
 
 def workload_from_config(cfg: Config, name: str = "", seq_len: int | None = None) -> Workload:
     """The Workload of a resolved trainer config."""
-    s = seq_len or cfg.model.seq_len
-    shape = model_shape(cfg)
-    inv = Inventory(shape)
-    return Workload(
-        name=name or cfg.preset,
-        seq_len=s,
-        params=inv.params,
-        trainable_params=inv.trainable_params,
-        flops_per_token=inv.flops_per_token(s),
-        forward_flops=inv.forward_flops(s),
-        **{f.name: getattr(shape, f.name) for f in fields(ModelShape)},
-    )
+    return Workload(shape=model_shape(cfg), seq_len=seq_len or cfg.model.seq_len, name=name or cfg.preset)
 
 
 def model_shape(cfg: Config) -> ModelShape:
@@ -228,21 +156,21 @@ class ClusterLayout:
         if self.gpus % (self.tp * self.pp * self.cp):
             out.append(f"gpus={self.gpus} is not a multiple of tp*pp*cp={self.tp * self.pp * self.cp}")
             return out
-        if self.ep > 1 and not w.experts:
-            out.append(f"ep={self.ep} needs a Mixture-of-Experts model ({w.name or w.arch} is dense)")
-        elif self.ep > 1 and w.experts % self.ep:
-            out.append(f"ep={self.ep} does not divide the {w.experts} experts")
+        if self.ep > 1 and not w.shape.experts:
+            out.append(f"ep={self.ep} needs a Mixture-of-Experts model ({w.name or w.shape.arch} is dense)")
+        elif self.ep > 1 and w.shape.experts % self.ep:
+            out.append(f"ep={self.ep} does not divide the {w.shape.experts} experts")
         elif (self.tp * self.cp * self.dp) % self.ep:
             out.append(f"ep={self.ep} does not divide tp*cp*dp={self.tp * self.cp * self.dp} (the ranks of a stage)")
         if not self.moe_imbalance >= 1:
             out.append(f"moe_imbalance={self.moe_imbalance} must be >= 1 (the busiest expert rank over the mean)")
-        if w.heads % self.tp or w.kv_heads % self.tp and self.tp % w.kv_heads:
-            out.append(f"tp={self.tp} does not divide the {w.heads} heads / {w.kv_heads} kv heads")
-        if w.ffn % self.tp:
-            out.append(f"tp={self.tp} does not divide the MLP width {w.ffn}")
-        if chunk_layers(w.layers, self.pp, self.vp) is None:
+        if w.shape.heads % self.tp or w.shape.kv_heads % self.tp and self.tp % w.shape.kv_heads:
+            out.append(f"tp={self.tp} does not divide the {w.shape.heads} heads / {w.shape.kv_heads} kv heads")
+        if w.shape.ffn % self.tp:
+            out.append(f"tp={self.tp} does not divide the MLP width {w.shape.ffn}")
+        if chunk_layers(w.shape.layers, self.pp, self.vp) is None:
             out.append(
-                f"pp*vp={self.pp * self.vp} divides neither the {w.layers} layers nor {w.layers}+2 "
+                f"pp*vp={self.pp * self.vp} divides neither the {w.shape.layers} layers nor {w.shape.layers}+2 "
                 "(the embedding and the loss counted as layers)"
             )
         if w.seq_len % (2 * self.cp if self.cp > 1 else 1):
