@@ -15,7 +15,7 @@ NODES = ("hgx-h100", "nd-h100-v5", "hgx-h200", "nd-h200-v5", "dgx-a100", "dgx-b2
          "gb300-nvl72", "hgx-b300", "mi300x-oam", "mi325x-oam", "mi350x-oam", "mi355x-oam")
 FABRICS = ("ib-ndr", "ib-ndr-sharp", "ib-xdr", "ib-hdr", "roce", "roce-800")
 
-# A complete GPU entry (every required field) for user files.
+# A complete GPU entry (every required field) for user files; its default node is NEW_NODE.
 NEW_GPU = """
 [gpus.mi999]
 name = "Made-up accelerator"
@@ -30,6 +30,8 @@ hbm_copy_tbps = 4.5
 nvlink_gbps = 400.0
 kernel_us = 5.0
 source = "test"
+generation = "cdna3"
+default_node = "mi999-box"
 """
 
 NEW_NODE = """
@@ -193,7 +195,7 @@ def test_user_file_adds_entries_and_overrides_shipped_ones(tmp_path):
 
 
 def test_env_var_files_load_before_extra_files(tmp_path, monkeypatch):
-    env_file = _write(tmp_path, NEW_GPU, "env.toml")
+    env_file = _write(tmp_path, NEW_GPU + NEW_NODE, "env.toml")
     override = _write(tmp_path, NEW_GPU.replace("hbm_gb = 192.0", "hbm_gb = 256.0"), "extra.toml")
     second = _write(tmp_path, H100_OVERRIDE, "second.toml")
     monkeypatch.setenv("SCALETRAIN_CATALOG", os.pathsep.join([str(env_file), str(second)]))

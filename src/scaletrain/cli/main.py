@@ -16,6 +16,7 @@ from scaletrain import benchmarks, config_io
 from scaletrain.config import Config, ConfigError, describe, list_presets, resolve
 from scaletrain.config_bounds import DEGREE_MAX, RUNS_MAX, SEED_MAX, int_flag
 from scaletrain.log import get_logger, setup_logging
+from scaletrain.sim.catalog import DEFAULT_GPU, shipped_keys
 
 log = get_logger(__name__)
 
@@ -296,10 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--gpu",
-        default="h100",
+        default=DEFAULT_GPU,
         metavar="GPU",
-        help="device whose memory --dry-run checks against (default h100; a catalog GPU: a100, h100, h200, b200, b300, "
-        "gb200, gb300, mi300x, mi325x, mi350x, mi355x)",
+        help=f"device whose memory --dry-run checks against (default {DEFAULT_GPU}; a catalog GPU: "
+        f"{', '.join(shipped_keys('gpus'))})",
     )
     p.add_argument("--json", action="store_true", help="--dry-run: print the report as JSON")
     p.set_defaults(func=cmd_train)

@@ -197,7 +197,7 @@ def plan(
         raise ValueError(f"gpus ({gpus}) and top ({top}) must be >= 1")
     cat = catalog or load_catalog()
     g, n, f = cat.system(gpu, node, fabric)
-    release, eff = efficiency_for(calibration, g.key, benchmark_of(w.name))
+    release, eff = efficiency_for(calibration, g.key, benchmark_of(w.name), cat)
     bench = benchmark_of(w.name)
     if objective == "auto":
         objective = "ttt" if bench else "throughput"

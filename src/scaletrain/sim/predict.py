@@ -128,7 +128,7 @@ def predict(
     g, n, f = cat.system(gpu, node, fabric)
     release = calibration or "latest"
     if eff is None:
-        release, eff = efficiency_for(calibration, g.key, benchmark or benchmark_of(w.name))
+        release, eff = efficiency_for(calibration, g.key, benchmark or benchmark_of(w.name), cat)
     reasons = layout.problems(w)
     if layout.fp8 and g.fp8_tflops <= 0:
         reasons.append(f"{g.key} has no FP8 tensor cores")

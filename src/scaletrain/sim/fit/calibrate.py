@@ -24,14 +24,12 @@ from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import (
     OWN_FIT,
     PER_BENCHMARK,
-    SKU_REFERENCE,
     Efficiency,
-    generation,
     nearest_set,
     specialise,
 )
 from scaletrain.sim.fit.results import PublishedResult
-from scaletrain.sim.fit.rows import _Row, host_network, prepare, row_layout, row_system, set_name
+from scaletrain.sim.fit.rows import _Row, host_network, prepare, row_layout, row_system
 from scaletrain.sim.step import step_time
 from scaletrain.sim.workload import ClusterLayout
 
@@ -48,7 +46,6 @@ __all__ = [
     "prepare",
     "row_layout",
     "row_system",
-    "set_name",
 ]
 
 SHARED = (
@@ -261,7 +258,7 @@ def fit_shared(
     prior = prior or Efficiency()
     effs = FittedSets(
         {r.set: prior for r in rows},
-        {r.row.gpu: 1.0 for r in rows if SKU_REFERENCE.get(generation(r.row.gpu)) != r.row.gpu},
+        {r.row.gpu: 1.0 for r in rows if not r.reference_sku},
         {r.bench: {n: getattr(prior, n) for n in PER_BENCHMARK} for r in rows},
     )
     for _ in range(refreshes):
@@ -404,7 +401,7 @@ def fit_layer_timings(doc: dict, cat: Catalog, gpu: str | None = None, base=None
     if not key:
         raise ValueError("the timings name no catalog GPU (measured on CPU?); pass --gpu to say which to fit")
     g0 = cat.gpu(key)
-    eff0 = base or efficiency_for(None, g0.key)[1]
+    eff0 = base or efficiency_for(None, g0.key, catalog=cat)[1]
     over: dict = {}
     for dtype in ("bf16", "fp8"):
         curve = _gemm_curve(doc.get("gemm", []), dtype)
