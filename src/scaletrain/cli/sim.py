@@ -14,6 +14,7 @@ from pathlib import Path
 from scaletrain import benchmarks
 from scaletrain.cli.calibrate_modes import calibrate_from_runs, calibrate_layer_timings
 from scaletrain.cli.run_lines import plan_run_lines, print_run_lines
+from scaletrain.cli.validate_report import print_validation
 from scaletrain.config_bounds import DEGREE_MAX, TOP_MAX, float_flag, int_flag
 from scaletrain.log import get_logger
 from scaletrain.parallel.sim_layout import sim_inputs
@@ -21,7 +22,7 @@ from scaletrain.sim.catalog import DEFAULT_GPU, Catalog, load_catalog, shipped_k
 from scaletrain.sim.efficiency import efficiency_for
 from scaletrain.sim.fit import calibrate as cal
 from scaletrain.sim.fit.results import bundled_results, bundled_skipped, load_results
-from scaletrain.sim.fit.validate import cross_validate, cv_json, default_jobs, own_fit_note, print_cv, score_dict
+from scaletrain.sim.fit.validate import cross_validate, cv_json, default_jobs, score_dict
 from scaletrain.sim.predict import Prediction, predict
 from scaletrain.sim.workload import ClusterLayout, load_config, load_workload
 
@@ -219,37 +220,7 @@ def cmd_validate(args) -> int:
             )
         )
         return 0 if scores else 1
-    print(
-        f"{'benchmark':16} {'round':5} {'gpu':5} {'GPUs':>6} {'layout':22} {'step s':>7} {'pred min':>9} "
-        f"{'published':>9} {'error':>7} {'perf err':>8}"
-    )
-    for s in scores:
-        r = s.row
-        lay = f"TP{r.tp} PP{r.pp} VP{r.vp} CP{r.cp} GBS{r.gbs}"
-        perf = "-" if s.perf_error is None else f"{100 * s.perf_error:+.1f}%"
-        err = "-" if s.error is None else f"{100 * s.error:+6.1f}%"
-        print(
-            f"{r.benchmark:16} {r.round:5} {r.gpu:5} {r.gpus:6d} {lay:22} {s.step_time_s:7.3f} "
-            f"{s.predicted_min:9.2f} {s.published_min:9.2f} {err:>7} {perf:>8}"
-        )
-    for b, v in summary.items():
-        t, p = v["ttt"], v["perf"]
-        print(
-            f"{b}: {t['rows']} rows, time-to-train MAPE {t['mape_pct']:.2f}% max {t['max_err_pct']:.2f}%"
-            + (
-                f"; with the published convergence MAPE {p['mape_pct']:.2f}% max {p['max_err_pct']:.2f}%"
-                if p["rows"]
-                else ""
-            )
-        )
-    for b, bench_scores in by_bench.items():
-        note = own_fit_note(b, len(bench_scores))
-        if note:
-            print(note)
-    for where, why in errors:
-        print(f"skipped {where}: {why}")
-    if cv:
-        print_cv(cv)
+    print_validation(scores, summary, by_bench, errors, cv)
     return 0 if scores else 1
 
 
