@@ -334,6 +334,7 @@ def shipped_keys(kind: str) -> list[str]:
 
 @functools.lru_cache(maxsize=4)
 def _catalog_for(env: str) -> Catalog:
+    # `env` is only the cache key: load_catalog reads the variable itself.
     return load_catalog()
 
 
