@@ -29,7 +29,11 @@ def gpu_colour(gpu: str):
     import matplotlib
 
     keys = list(default_catalog().gpus)
-    return matplotlib.colormaps["tab20"](keys.index(gpu) % 20) if gpu in keys else "black"
+    if gpu not in keys:
+        return "black"
+    i = keys.index(gpu) % 20
+    # tab20 pairs a dark and a light shade of each hue: the ten dark ones first, so neighbours differ in hue.
+    return matplotlib.colormaps["tab20"](2 * i % 20 + i // 10)
 
 
 def layout_text(tp: int, pp: int, vp: int, cp: int, gbs: int) -> str:
