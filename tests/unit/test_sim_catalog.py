@@ -305,8 +305,11 @@ def test_mfu_peak_is_the_catalogs_dense_bf16_peak_by_device_name(name, key, peak
 
 def test_published_system_text_picks_a_cloud_node_of_the_rows_gpu_by_its_system_patterns():
     cat = load_catalog()
-    pick = {(g, text): cat.node_for_system(cat.gpu(g), text).key
-            for g in ("h100", "h200", "gb200", "b200") for text in ("Azure ND96isr", "Dell XE9680", "nd_h100_v5")}
+    pick = {
+        (g, text): cat.node_for_system(cat.gpu(g), text).key
+        for g in ("h100", "h200", "gb200", "b200")
+        for text in ("Azure ND96isr", "Dell XE9680", "nd_h100_v5")
+    }
     assert pick[("h100", "Azure ND96isr")] == "nd-h100-v5" and pick[("h100", "nd_h100_v5")] == "nd-h100-v5"
     assert pick[("h200", "Azure ND96isr")] == "nd-h200-v5" and pick[("gb200", "Azure ND96isr")] == "nd-gb200-v6"
     # No Azure node type of B200, and another GPU's node type is not this row's: the GPU's default node.
