@@ -45,9 +45,8 @@ from scaletrain.model.flops import flops_per_token
 from scaletrain.model.common import causal_attention
 from scaletrain.model.gpt import GPT
 from scaletrain.model.loss import loss_sum
-from scaletrain.sim.catalog import mfu_peak
+from scaletrain.sim.catalog import load_catalog, mfu_peak
 from scaletrain.sim.compute import layer_gemms
-from scaletrain.sim.efficiency import GENERATION
 from scaletrain.sim.fit import calibrate as cal
 from scaletrain.sim.workload import ClusterLayout, load_workload
 from scaletrain.train.cpu_bf16 import bf16_gemm_context, gemm_mode
@@ -472,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         res["sim"] = sim_compare(res["training"], timings, sim_gpu, comparable=not smoke and sim_gpu == timings["gpu"])
         Path(f"{stem}.catalog.toml").write_text(cal.catalog_toml(sim_gpu, res["sim"]["catalog"], out.name))
         Path(f"{stem}.efficiency.json").write_text(json.dumps(
-            {"sets": {"measured/" + GENERATION.get(sim_gpu, sim_gpu): res["sim"]["efficiency"]}}, indent=2) + "\n")
+            {"sets": {"measured/" + load_catalog().gpu(sim_gpu).generation: res["sim"]["efficiency"]}}, indent=2) + "\n")
 
     run = z.runs[1]
     phase("sdpa", lambda: res.update(sdpa=sdpa_report(resolve(run[1], overrides=run[2]).model, run[3], device)))

@@ -15,7 +15,7 @@ NODES = ("hgx-h100", "nd-h100-v5", "hgx-h200", "nd-h200-v5", "dgx-a100", "dgx-b2
          "gb300-nvl72", "hgx-b300", "mi300x-oam", "mi325x-oam", "mi350x-oam", "mi355x-oam")
 FABRICS = ("ib-ndr", "ib-ndr-sharp", "ib-xdr", "ib-hdr", "roce", "roce-800")
 
-# A complete GPU entry (every required field) for user files.
+# A complete GPU entry (every required field) for user files; its default node is NEW_NODE.
 NEW_GPU = """
 [gpus.mi999]
 name = "Made-up accelerator"
@@ -30,6 +30,8 @@ hbm_copy_tbps = 4.5
 nvlink_gbps = 400.0
 kernel_us = 5.0
 source = "test"
+generation = "cdna3"
+default_node = "mi999-box"
 """
 
 NEW_NODE = """
@@ -193,7 +195,7 @@ def test_user_file_adds_entries_and_overrides_shipped_ones(tmp_path):
 
 
 def test_env_var_files_load_before_extra_files(tmp_path, monkeypatch):
-    env_file = _write(tmp_path, NEW_GPU, "env.toml")
+    env_file = _write(tmp_path, NEW_GPU + NEW_NODE, "env.toml")
     override = _write(tmp_path, NEW_GPU.replace("hbm_gb = 192.0", "hbm_gb = 256.0"), "extra.toml")
     second = _write(tmp_path, H100_OVERRIDE, "second.toml")
     monkeypatch.setenv("SCALETRAIN_CATALOG", os.pathsep.join([str(env_file), str(second)]))
@@ -299,3 +301,23 @@ def test_mfu_peak_is_the_catalogs_dense_bf16_peak_by_device_name(name, key, peak
     assert mfu_peak(name) == (None if key is None else (key, peak))
     if key:
         assert load_catalog().gpu_for_device(name).bf16_tflops == peak
+
+
+def test_published_system_text_picks_a_cloud_node_of_the_rows_gpu_by_its_system_patterns():
+    cat = load_catalog()
+    pick = {
+        (g, text): cat.node_for_system(cat.gpu(g), text).key
+        for g in ("h100", "h200", "gb200", "b200")
+        for text in ("Azure ND96isr", "Dell XE9680", "nd_h100_v5")
+    }
+    assert pick[("h100", "Azure ND96isr")] == "nd-h100-v5" and pick[("h100", "nd_h100_v5")] == "nd-h100-v5"
+    assert pick[("h200", "Azure ND96isr")] == "nd-h200-v5" and pick[("gb200", "Azure ND96isr")] == "nd-gb200-v6"
+    # No Azure node type of B200, and another GPU's node type is not this row's: the GPU's default node.
+    assert pick[("b200", "Azure ND96isr")] == "dgx-b200" and pick[("h200", "nd_h100_v5")] == "hgx-h200"
+    assert {pick[(g, "Dell XE9680")] for g in ("h100", "h200", "gb200")} == {"hgx-h100", "hgx-h200", "gb200-nvl72"}
+
+
+def test_a_bad_name_pattern_is_rejected(tmp_path):
+    path = _write(tmp_path, "[gpus.h100]\nname_patterns = ['h100(']\n")
+    with pytest.raises(CatalogError, match=r"\[gpus.h100\] name_patterns.*not a regular expression"):
+        load_catalog(extra=[str(path)])

@@ -17,7 +17,7 @@ def calibrate_from_runs(args, inputs, cat) -> dict:
 
     runs = [read_run(d, inputs, cat, args.gpu) for d in args.run_dirs]
     held = [read_run(d, inputs, cat, args.gpu) for d in args.held_out or []]
-    doc = calibrate_runs(runs, held, args.calibration)
+    doc = calibrate_runs(runs, held, args.calibration, cat)
     print("\n".join(report_lines(doc)))
     return doc
 
@@ -25,8 +25,6 @@ def calibrate_from_runs(args, inputs, cat) -> dict:
 def calibrate_layer_timings(args, cat) -> dict:
     """--layer-timings: measured GEMM curve and ceilings -> catalog override TOML; gemm_eff (and the per-step
     overhead) -> the efficiency set "measured/<generation>"."""
-    from scaletrain.sim.efficiency import GENERATION
-
     path = args.layer_timings
     doc = load_json_bounded(path)
     timings = doc.get("layer_timings", doc) if isinstance(doc, dict) else None
@@ -35,13 +33,14 @@ def calibrate_layer_timings(args, cat) -> dict:
     key = args.gpu or timings.get("gpu")
     if key is not None and not isinstance(key, str):
         raise FileFormatError(f"{path}: gpu={key!r} must be a catalog GPU name")
-    base = efficiency_for(args.calibration, cat.gpu(key).key)[1] if key else None
+    base = efficiency_for(args.calibration, cat.gpu(key).key, catalog=cat)[1] if key else None
     try:
         fit = cal.fit_layer_timings(doc, cat, args.gpu, base)
     except (KeyError, TypeError, AttributeError, ArithmeticError) as exc:  # an entry of the wrong shape
         what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0] if str(exc) else ""
         raise FileFormatError(f"{path}: not a layer-timings file ({type(exc).__name__}: {what})") from None
     rep, eff = fit["report"], fit["efficiency"]
+    set_name = f"measured/{cat.gpu(fit['gpu']).generation}"
     for b in rep["blocks"]:
         print(
             f"block {b['model']} {' '.join(b['set'])} mbs{b['mbs']}{' fp8' if b['fp8'] else ''}: measured "
@@ -49,7 +48,7 @@ def calibrate_layer_timings(args, cat) -> dict:
             f"fitted {1000 * b['fitted_s']:.2f} ms"
         )
     print(
-        f"measured/{GENERATION.get(fit['gpu'], fit['gpu'])}: gemm_eff {eff.gemm_eff:.3f}, step_overhead_s "
+        f"{set_name}: gemm_eff {eff.gemm_eff:.3f}, step_overhead_s "
         f"{eff.step_overhead_s:.4f}; catalog fields {', '.join(fit['catalog']) or 'none'}"
     )
     toml = cal.catalog_toml(fit["gpu"], fit["catalog"], Path(args.layer_timings).name)
@@ -59,4 +58,4 @@ def calibrate_layer_timings(args, cat) -> dict:
         print(f"wrote {cat_out}; use it with --catalog {cat_out} (or SCALETRAIN_CATALOG={cat_out})")
     else:
         print(toml)
-    return {"sets": {f"measured/{GENERATION.get(fit['gpu'], fit['gpu'])}": eff.to_dict()}, "layer_timings": rep}
+    return {"sets": {set_name: eff.to_dict()}, "layer_timings": rep}

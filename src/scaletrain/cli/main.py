@@ -16,6 +16,7 @@ from scaletrain import benchmarks, config_io
 from scaletrain.config import Config, ConfigError, describe, list_presets, resolve
 from scaletrain.config_bounds import DEGREE_MAX, RUNS_MAX, SEED_MAX, int_flag
 from scaletrain.log import get_logger, setup_logging
+from scaletrain.sim.catalog import DEFAULT_GPU, shipped_keys
 
 log = get_logger(__name__)
 
@@ -267,7 +268,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="ranks whose warnings and status lines are shown: 0 (default), a list like 0,3, or all",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_train_parser(sub)
+    _add_bench_parser(sub)
+    _add_export_parser(sub)
 
+    from scaletrain.cli.data import add_parser as add_data_parser
+
+    add_data_parser(sub)
+    _add_report_parser(sub)
+    _add_config_parser(sub)
+
+    from scaletrain.cli.sim import add_parsers
+
+    add_parsers(sub)
+    return parser
+
+
+def _add_train_parser(sub) -> None:
+    """`scaletrain train`: one run, or its --dry-run layout and memory check."""
     p = sub.add_parser(
         "train", help="train one run to the quality target", description=cmd_train.__doc__, epilog=FIELD_FLAGS
     )
@@ -296,14 +314,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--gpu",
-        default="h100",
+        default=DEFAULT_GPU,
         metavar="GPU",
-        help="device whose memory --dry-run checks against (default h100; a catalog GPU: a100, h100, h200, b200, b300, "
-        "gb200, gb300, mi300x, mi325x, mi350x, mi355x)",
+        help=f"device whose memory --dry-run checks against (default {DEFAULT_GPU}; a catalog GPU: "
+        f"{', '.join(shipped_keys('gpus'))})",
     )
     p.add_argument("--json", action="store_true", help="--dry-run: print the report as JSON")
     p.set_defaults(func=cmd_train)
 
+
+def _add_bench_parser(sub) -> None:
+    """`scaletrain bench` and its `check` subcommand."""
     p = sub.add_parser(
         "bench",
         help="MLPerf-style benchmark: N runs, checked logs, olympic score",
@@ -338,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
     _add_bench_check_parser(p)
 
+
+def _add_export_parser(sub) -> None:
+    """`scaletrain export`: checkpoint weights to Hugging Face format."""
     p = sub.add_parser(
         "export",
         help="export checkpoint weights (LoRA merged) to Hugging Face GPT-2 or Llama format",
@@ -357,10 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_export)
 
-    from scaletrain.cli.data import add_parser as add_data_parser
 
-    add_data_parser(sub)
-
+def _add_report_parser(sub) -> None:
+    """`scaletrain report`: loss and performance plots of run directories."""
     p = sub.add_parser("report", help="draw loss.png and perf.png for run directories", description=cmd_report.__doc__)
     p.add_argument("run_dir", nargs="+", help="run directories (or one bench directory with run_*/)")
     p.add_argument(
@@ -370,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_report)
 
+
+def _add_config_parser(sub) -> None:
+    """`scaletrain config`: the resolved config, or every field."""
     p = sub.add_parser(
         "config", help="show the resolved config or all fields", description=cmd_config.__doc__, epilog=FIELD_FLAGS
     )
@@ -380,11 +406,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="list every field with its value in the chosen preset (--preset, --set) and meaning",
     )
     p.set_defaults(func=cmd_config)
-
-    from scaletrain.cli.sim import add_parsers
-
-    add_parsers(sub)
-    return parser
 
 
 def version() -> str:

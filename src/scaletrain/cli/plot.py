@@ -9,20 +9,31 @@ gap to such a point is not the model's error on that layout (`sim validate` meas
 from __future__ import annotations
 
 from scaletrain import benchmarks
+from scaletrain.sim.catalog import default_catalog
 from scaletrain.sim.fit.results import bundled_results, load_results
 from scaletrain.sim.workload import load_workload
 
-DEFAULT_GPUS = ("h100", "h200", "b200", "gb200", "gb300")
 DEFAULT_COUNTS = (8, 64, 512)
 """GPU counts for a preset that is no MLPerf benchmark (a benchmark's come from its registry entry)."""
-COLORS = {
-    "a100": "tab:gray",
-    "h100": "tab:blue",
-    "h200": "tab:orange",
-    "b200": "tab:green",
-    "gb200": "tab:red",
-    "gb300": "tab:purple",
-}
+
+
+def default_gpus(rows) -> tuple[str, ...]:
+    """The GPUs drawn when --gpu is not given: those the published results ran on, in catalog order, so every
+    published point has its curve."""
+    ran = {r.gpu for r in rows}
+    return tuple(k for k in default_catalog().gpus if k in ran)
+
+
+def gpu_colour(gpu: str):
+    """One colour per catalog GPU (by its place in the catalog), the same in every plot; black for another."""
+    import matplotlib
+
+    keys = list(default_catalog().gpus)
+    if gpu not in keys:
+        return "black"
+    i = keys.index(gpu) % 20
+    # tab20 pairs a dark and a light shade of each hue: the ten dark ones first, so neighbours differ in hue.
+    return matplotlib.colormaps["tab20"](2 * i % 20 + i // 10)
 
 
 def layout_text(tp: int, pp: int, vp: int, cp: int, gbs: int) -> str:
@@ -31,7 +42,7 @@ def layout_text(tp: int, pp: int, vp: int, cp: int, gbs: int) -> str:
 
 
 def scaling_curves(
-    model: str, gpus=DEFAULT_GPUS, counts=None, calibration: str | None = None, also: dict | None = None
+    model: str, gpus: tuple[str, ...], counts=None, calibration: str | None = None, also: dict | None = None
 ) -> dict:
     """{gpu: [(n_gpus, minutes, layout text), ...]} from the planner's best layout at each count (`also`: {gpu:
     further counts}, the published points' own)."""
@@ -99,19 +110,19 @@ def plot_scaling(
     rows = [r for r in bundled_results(spec.name)]
     for path in results:
         rows += [r for r in load_results(path).rows if r.benchmark == spec.name]
-    drawn = tuple(gpus or DEFAULT_GPUS)
+    drawn = tuple(gpus or default_gpus(rows))
     also = {g: {r.gpus for r in rows if r.gpu == g} for g in drawn}
     curves = scaling_curves(spec.reference_preset, drawn, calibration=calibration, also=also)
     differ, notes = layout_notes(curves, rows)
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for gpu, pts in curves.items():
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", color=COLORS.get(gpu), label=f"{gpu} predicted")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", color=gpu_colour(gpu), label=f"{gpu} predicted")
     seen = set()
     for r in rows:
         label = f"{r.gpu} published" if r.gpu not in seen else None
         seen.add(r.gpu)
-        colour = COLORS.get(r.gpu, "black")
+        colour = gpu_colour(r.gpu)
         ax.plot(r.gpus, r.score_minutes, "o", color=colour, mfc="none", ms=8, label=label)
         if r.gpu in curves and _planned_at(curves, r.gpu, r.gpus) != layout_text(r.tp, r.pp, r.vp, r.cp, r.gbs):
             ax.plot(r.gpus, r.score_minutes, "x", color=colour, ms=5)  # another layout than the curve's there

@@ -14,14 +14,15 @@ from pathlib import Path
 from scaletrain import benchmarks
 from scaletrain.cli.calibrate_modes import calibrate_from_runs, calibrate_layer_timings
 from scaletrain.cli.run_lines import plan_run_lines, print_run_lines
+from scaletrain.cli.validate_report import print_validation
 from scaletrain.config_bounds import DEGREE_MAX, TOP_MAX, float_flag, int_flag
 from scaletrain.log import get_logger
 from scaletrain.parallel.sim_layout import sim_inputs
-from scaletrain.sim.catalog import load_catalog
+from scaletrain.sim.catalog import DEFAULT_GPU, Catalog, load_catalog, shipped_keys
 from scaletrain.sim.efficiency import efficiency_for
 from scaletrain.sim.fit import calibrate as cal
 from scaletrain.sim.fit.results import bundled_results, bundled_skipped, load_results
-from scaletrain.sim.fit.validate import cross_validate, cv_json, default_jobs, own_fit_note, print_cv, score_dict
+from scaletrain.sim.fit.validate import cross_validate, cv_json, default_jobs, score_dict
 from scaletrain.sim.predict import Prediction, predict
 from scaletrain.sim.workload import ClusterLayout, load_config, load_workload
 
@@ -152,7 +153,7 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def _results(paths: list[str]):
+def _results(paths: list[str], cat: Catalog):
     """Rows of every file (default: the shipped calibration rows) and (where, why) for what was skipped.
 
     A file that cannot be read at all (missing, wrong columns) is skipped as a whole; the others still count.
@@ -168,7 +169,7 @@ def _results(paths: list[str]):
             errors.append((path, "no such file"))
             continue
         try:
-            rep = load_results(Path(path))
+            rep = load_results(Path(path), catalog=cat)
         except ResultsError as exc:
             errors.append((path, str(exc)))
             continue
@@ -184,19 +185,20 @@ def _where(r) -> str:
     return f"{r.file or r.benchmark + ' calibration'} line {r.line} ({r.system})"
 
 
-def _row_eff(r):
+def _row_eff(r, cat: Catalog):
     try:
-        return efficiency_for(r.row.round, r.row.gpu, r.bench)[1]
+        return efficiency_for(r.row.round, r.row.gpu, r.bench, cat)[1]
     except ValueError:
-        return efficiency_for(None, r.row.gpu, r.bench)[1]  # a round newer than the calibration: its newest set
+        return efficiency_for(None, r.row.gpu, r.bench, cat)[1]  # a round newer than the calibration: its newest set
 
 
 def cmd_validate(args) -> int:
     """Predicted vs published time-to-train for every row of results CSVs (default: the calibration rows)."""
-    rows, errors = _results(args.results)
-    ready, bad = cal.prepare(rows, load_catalog(args.catalog))
+    cat = load_catalog(args.catalog)
+    rows, errors = _results(args.results, cat)
+    ready, bad = cal.prepare(rows, cat)
     errors += [(_where(r), why) for r, why in bad]
-    scores = cal.score_rows(ready, _row_eff)
+    scores = cal.score_rows(ready, lambda r: _row_eff(r, cat))
     cv = None
     if args.cv:
         cv = cross_validate(ready, args.cv, args.cv_threshold, args.jobs or default_jobs())
@@ -218,37 +220,7 @@ def cmd_validate(args) -> int:
             )
         )
         return 0 if scores else 1
-    print(
-        f"{'benchmark':16} {'round':5} {'gpu':5} {'GPUs':>6} {'layout':22} {'step s':>7} {'pred min':>9} "
-        f"{'published':>9} {'error':>7} {'perf err':>8}"
-    )
-    for s in scores:
-        r = s.row
-        lay = f"TP{r.tp} PP{r.pp} VP{r.vp} CP{r.cp} GBS{r.gbs}"
-        perf = "-" if s.perf_error is None else f"{100 * s.perf_error:+.1f}%"
-        err = "-" if s.error is None else f"{100 * s.error:+6.1f}%"
-        print(
-            f"{r.benchmark:16} {r.round:5} {r.gpu:5} {r.gpus:6d} {lay:22} {s.step_time_s:7.3f} "
-            f"{s.predicted_min:9.2f} {s.published_min:9.2f} {err:>7} {perf:>8}"
-        )
-    for b, v in summary.items():
-        t, p = v["ttt"], v["perf"]
-        print(
-            f"{b}: {t['rows']} rows, time-to-train MAPE {t['mape_pct']:.2f}% max {t['max_err_pct']:.2f}%"
-            + (
-                f"; with the published convergence MAPE {p['mape_pct']:.2f}% max {p['max_err_pct']:.2f}%"
-                if p["rows"]
-                else ""
-            )
-        )
-    for b, bench_scores in by_bench.items():
-        note = own_fit_note(b, len(bench_scores))
-        if note:
-            print(note)
-    for where, why in errors:
-        print(f"skipped {where}: {why}")
-    if cv:
-        print_cv(cv)
+    print_validation(scores, summary, by_bench, errors, cv)
     return 0 if scores else 1
 
 
@@ -276,7 +248,7 @@ def cmd_calibrate(args) -> int:
     elif args.held_out:
         raise ValueError("--held-out RUN_DIR: give the runs to fit on too (sim calibrate RUN_DIR... --held-out ...)")
     else:
-        rows, errors = _results(args.published or [])
+        rows, errors = _results(args.published or [], cat)
         for where, why in errors:
             log.warning(f"skipped {where}: {why}")
         ready, bad = cal.prepare(rows, cat)
@@ -303,7 +275,7 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    """PNG of predicted time-to-train vs GPU count for H100, H200, B200, GB200 and GB300, with published points."""
+    """PNG of predicted time-to-train vs GPU count per GPU type, with the published points."""
     from scaletrain.cli.plot import plot_scaling
 
     out, differ, notes = plot_scaling(
@@ -332,122 +304,140 @@ LAYOUT_DEGREES = {
 
 
 def add_parsers(sub) -> None:
-    """Attach predict, plan and sim to the `scaletrain` subparsers."""
+    """Attach predict, plan and sim (validate, calibrate, plot) to the `scaletrain` subparsers."""
+    _add_predict(sub)
+    _add_plan(sub)
+    p = sub.add_parser("sim", help="validate, plot and calibrate the performance model")
+    ssub = p.add_subparsers(dest="sim_command", required=True)
+    _add_validate(ssub)
+    _add_calibrate(ssub)
+    _add_plot(ssub)
 
-    def common(p, layout: bool):
-        p.add_argument(
-            "--model",
-            default="gpt3-175b",
-            metavar="NAME",
-            help="the model, a preset or benchmark (default gpt3-175b): "
-            + ", ".join(f"{b.reference_preset} ({b.name})" for b in benchmarks.BENCHMARKS.values())
-            + ", any preset",
-        )
-        p.add_argument(
-            "--set",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="override a model field, e.g. --set model.n_layers=48 (repeatable)",
-        )
-        p.add_argument(
-            "--gpu",
-            default="h100",
-            metavar="GPU",
-            help="the GPU (default h100): a100, h100, h200, b200, b300, gb200, gb300, mi300x, mi325x, mi350x, mi355x "
-            "or a key of a --catalog file",
-        )
-        p.add_argument(
-            "--gpus",
-            "--world-size",
-            dest="gpus",
-            type=int_flag(1, DEGREE_MAX),
-            required=True,
-            metavar="N",
-            help="number of GPUs in the cluster (= ranks)",
-        )
-        p.add_argument(
-            "--node",
-            metavar="NODE",
-            help="node type (default: the GPU's usual one): hgx-h100, nd-h200-v5, gb200-nvl72, hgx-b300, mi355x-oam, ...",
-        )
-        p.add_argument(
-            "--fabric",
-            metavar="FABRIC",
-            help="scale-out network (default: the node's): ib-ndr, ib-ndr-sharp, ib-xdr, ib-hdr, roce, roce-800",
-        )
-        p.add_argument(
-            "--calibration",
-            metavar="SET",
-            help="fitted efficiency set: v3.0, v3.1, v4.0, v4.1, v5.0, v5.1 (default newest), or measured (the set "
-            "`sim calibrate` fitted on your runs of this GPU, in the file $SCALETRAIN_EFFICIENCY names)",
-        )
-        p.add_argument(
-            "--catalog", action="append", default=[], metavar="TOML", help="an extra hardware catalog file (repeatable)"
-        )
-        p.add_argument(
-            "--gbs",
-            type=int_flag(1, GBS_MAX),
-            metavar="N",
-            help="global batch size in sequences (default: a benchmark's reference batch; plan searches the "
-            "benchmark's batches without it)",
-        )
-        p.add_argument(
-            "--fp4",
-            action="store_true",
-            help="FP4 GEMMs (NVFP4/MXFP4) where FP8 would apply, on the FP8 recipe (implies --fp8 for predict)",
-        )
-        p.add_argument("--json", action="store_true", help="print the result as JSON instead of text")
-        p.add_argument(
-            "--moe-imbalance",
-            type=float_flag(1.0, float(DEGREE_MAX)),
-            default=1.0,
-            metavar="X",
-            help="MoE: the busiest expert rank's tokens over the mean (>= 1, default 1)",
-        )
-        if layout:
-            for name, what in LAYOUT_DEGREES.items():
-                p.add_argument(f"--{name}", type=int_flag(1, DEGREE_MAX), default=1, metavar="N", help=what)
-            p.add_argument(
-                "--mbs",
-                type=int_flag(1, GBS_MAX),
-                default=1,
-                metavar="N",
-                help="micro-batch size in sequences (default 1)",
-            )
-            p.add_argument("--fp8", action="store_true", help="run the GEMMs in FP8 (the MLPerf recipes do)")
-            p.add_argument("--no-sp", action="store_true", help="no sequence parallelism alongside tensor parallelism")
-            p.add_argument(
-                "--recompute",
-                default="none",
-                choices=("none", "selective", "full"),
-                help="activation recomputation: none (default), selective (attention) or full (every layer)",
-            )
-            p.add_argument(
-                "--zero",
-                type=int,
-                default=1,
-                choices=(0, 1, 3),
-                help="optimizer sharding: 0 none, 1 distributed optimizer (default), 3 fully sharded",
-            )
-            p.add_argument(
-                "--schedule",
-                default="",
-                choices=("", "gpipe", "1f1b", "interleaved_1f1b"),
-                help="the pipeline schedule to simulate (default: interleaved_1f1b with --vp above 1, else 1f1b)",
-            )
-            p.add_argument(
-                "--grad-dtype",
-                default="auto",
-                choices=("auto", "bf16", "fp32"),
-                help="gradient buffer and reduction dtype; auto = bf16 with --fp8 (the MLPerf FP8 "
-                "recipes), else fp32 (Megatron's default)",
-            )
 
+def _catalog_flag(p) -> None:
+    p.add_argument(
+        "--catalog", action="append", default=[], metavar="TOML", help="an extra hardware catalog file (repeatable)"
+    )
+
+
+def _job_flags(p) -> None:
+    """What predict and plan share: the model, the cluster, the calibration, the batch and the output."""
+    p.add_argument(
+        "--model",
+        default="gpt3-175b",
+        metavar="NAME",
+        help="the model, a preset or benchmark (default gpt3-175b): "
+        + ", ".join(f"{b.reference_preset} ({b.name})" for b in benchmarks.BENCHMARKS.values())
+        + ", any preset",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a model field, e.g. --set model.n_layers=48 (repeatable)",
+    )
+    p.add_argument(
+        "--gpu",
+        default=DEFAULT_GPU,
+        metavar="GPU",
+        help=f"the GPU (default {DEFAULT_GPU}): {', '.join(shipped_keys('gpus'))} or a key of a --catalog file",
+    )
+    p.add_argument(
+        "--gpus",
+        "--world-size",
+        dest="gpus",
+        type=int_flag(1, DEGREE_MAX),
+        required=True,
+        metavar="N",
+        help="number of GPUs in the cluster (= ranks)",
+    )
+    p.add_argument(
+        "--node",
+        metavar="NODE",
+        help="node type (default: the GPU's usual one): hgx-h100, nd-h200-v5, gb200-nvl72, hgx-b300, mi355x-oam, ...",
+    )
+    p.add_argument(
+        "--fabric",
+        metavar="FABRIC",
+        help="scale-out network (default: the node's): ib-ndr, ib-ndr-sharp, ib-xdr, ib-hdr, roce, roce-800",
+    )
+    p.add_argument(
+        "--calibration",
+        metavar="SET",
+        help="fitted efficiency set: v3.0, v3.1, v4.0, v4.1, v5.0, v5.1 (default newest), or measured (the set "
+        "`sim calibrate` fitted on your runs of this GPU, in the file $SCALETRAIN_EFFICIENCY names)",
+    )
+    _catalog_flag(p)
+    p.add_argument(
+        "--gbs",
+        type=int_flag(1, GBS_MAX),
+        metavar="N",
+        help="global batch size in sequences (default: a benchmark's reference batch; plan searches the "
+        "benchmark's batches without it)",
+    )
+    p.add_argument(
+        "--fp4",
+        action="store_true",
+        help="FP4 GEMMs (NVFP4/MXFP4) where FP8 would apply, on the FP8 recipe (implies --fp8 for predict)",
+    )
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of text")
+    p.add_argument(
+        "--moe-imbalance",
+        type=float_flag(1.0, float(DEGREE_MAX)),
+        default=1.0,
+        metavar="X",
+        help="MoE: the busiest expert rank's tokens over the mean (>= 1, default 1)",
+    )
+
+
+def _layout_flags(p) -> None:
+    """predict's one layout: the parallel degrees, micro-batch, precision, recomputation, sharding, schedule."""
+    for name, what in LAYOUT_DEGREES.items():
+        p.add_argument(f"--{name}", type=int_flag(1, DEGREE_MAX), default=1, metavar="N", help=what)
+    p.add_argument(
+        "--mbs",
+        type=int_flag(1, GBS_MAX),
+        default=1,
+        metavar="N",
+        help="micro-batch size in sequences (default 1)",
+    )
+    p.add_argument("--fp8", action="store_true", help="run the GEMMs in FP8 (the MLPerf recipes do)")
+    p.add_argument("--no-sp", action="store_true", help="no sequence parallelism alongside tensor parallelism")
+    p.add_argument(
+        "--recompute",
+        default="none",
+        choices=("none", "selective", "full"),
+        help="activation recomputation: none (default), selective (attention) or full (every layer)",
+    )
+    p.add_argument(
+        "--zero",
+        type=int,
+        default=1,
+        choices=(0, 1, 3),
+        help="optimizer sharding: 0 none, 1 distributed optimizer (default), 3 fully sharded",
+    )
+    p.add_argument(
+        "--schedule",
+        default="",
+        choices=("", "gpipe", "1f1b", "interleaved_1f1b"),
+        help="the pipeline schedule to simulate (default: interleaved_1f1b with --vp above 1, else 1f1b)",
+    )
+    p.add_argument(
+        "--grad-dtype",
+        default="auto",
+        choices=("auto", "bf16", "fp32"),
+        help="gradient buffer and reduction dtype; auto = bf16 with --fp8 (the MLPerf FP8 "
+        "recipes), else fp32 (Megatron's default)",
+    )
+
+
+def _add_predict(sub) -> None:
     p = sub.add_parser(
         "predict", help="predict step time, memory and time-to-train on a cluster", description=cmd_predict.__doc__
     )
-    common(p, True)
+    _job_flags(p)
+    _layout_flags(p)
     p.add_argument(
         "--from-config",
         nargs="?",
@@ -459,8 +449,11 @@ def add_parsers(sub) -> None:
         "train --dry-run --world-size N` would run it (FSDP/HSDP = ZeRO-3, DDP = ZeRO-0); layout flags are ignored",
     )
     p.set_defaults(func=cmd_predict)
+
+
+def _add_plan(sub) -> None:
     p = sub.add_parser("plan", help="search parallel layouts for a cluster", description=cmd_plan.__doc__)
-    common(p, False)
+    _job_flags(p)
     p.add_argument(
         "--top",
         type=int_flag(1, TOP_MAX),
@@ -476,8 +469,8 @@ def add_parsers(sub) -> None:
     )
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("sim", help="validate, plot and calibrate the performance model")
-    ssub = p.add_subparsers(dest="sim_command", required=True)
+
+def _add_validate(ssub) -> None:
     v = ssub.add_parser("validate", help="predicted vs published results", description=cmd_validate.__doc__)
     v.add_argument(
         "--results",
@@ -486,9 +479,7 @@ def add_parsers(sub) -> None:
         metavar="CSV",
         help="results CSV in the calibration format (repeatable; default: the shipped calibration rows)",
     )
-    v.add_argument(
-        "--catalog", action="append", default=[], metavar="TOML", help="an extra hardware catalog file (repeatable)"
-    )
+    _catalog_flag(v)
     v.add_argument("--json", action="store_true", help="print the result as JSON instead of text")
     v.add_argument(
         "--cv",
@@ -512,6 +503,9 @@ def add_parsers(sub) -> None:
         help="--cv loo: refits run at a time in separate processes (default: the CPUs available)",
     )
     v.set_defaults(func=cmd_validate)
+
+
+def _add_calibrate(ssub) -> None:
     c = ssub.add_parser("calibrate", help="fit efficiency scalars", description=cmd_calibrate.__doc__)
     c.add_argument(
         "run_dirs",
@@ -534,9 +528,7 @@ def add_parsers(sub) -> None:
     c.add_argument(
         "--calibration", metavar="SET", help="the set whose other scalars the runs' fit starts from (default newest)"
     )
-    c.add_argument(
-        "--catalog", action="append", default=[], metavar="TOML", help="an extra hardware catalog file (repeatable)"
-    )
+    _catalog_flag(c)
     c.add_argument("--out", metavar="JSON", help="write the fitted sets here (point $SCALETRAIN_EFFICIENCY at it)")
     c.add_argument(
         "--layer-timings",
@@ -555,6 +547,9 @@ def add_parsers(sub) -> None:
         help="with --layer-timings: where the catalog override goes (default: --out with .toml)",
     )
     c.set_defaults(func=cmd_calibrate)
+
+
+def _add_plot(ssub) -> None:
     pl = ssub.add_parser("plot", help="time-to-train vs GPU count PNG", description=cmd_plot.__doc__)
     pl.add_argument(
         "--model",
@@ -571,7 +566,7 @@ def add_parsers(sub) -> None:
         dest="gpu_list",
         action="append",
         metavar="GPU",
-        help="a GPU to draw, repeatable (default h100 h200 b200 gb200 gb300)",
+        help="a GPU to draw, repeatable (default: every GPU the published results ran on)",
     )
     pl.add_argument("--calibration", metavar="SET", help="the efficiency set to predict with (default newest)")
     pl.add_argument(

@@ -22,7 +22,7 @@ from scaletrain.config import Config
 from scaletrain.parallel.layout import Layout, LayoutError
 from scaletrain.parallel.sim_layout import sim_layout
 from scaletrain.sim import memory
-from scaletrain.sim.catalog import CatalogError, load_catalog
+from scaletrain.sim.catalog import DEFAULT_GPU, CatalogError, load_catalog
 from scaletrain.sim.workload import ClusterLayout, Workload
 
 
@@ -82,7 +82,7 @@ def estimate_memory(w: Workload, cluster: ClusterLayout, pp_rank: int) -> dict:
     return out
 
 
-def dry_run(cfg: Config, world_size: int, device: str = "h100") -> dict:
+def dry_run(cfg: Config, world_size: int, device: str = DEFAULT_GPU) -> dict:
     """Validate cfg's layout at `world_size` ranks and report the first and last pipeline rank.
 
     Raises LayoutError when the layout does not divide the model or `device` is not a catalog GPU.

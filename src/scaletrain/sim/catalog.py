@@ -1,15 +1,20 @@
-"""Hardware catalog: GPUs, nodes (NVLink domains) and scale-out fabrics, loaded from TOML data files.
+"""Hardware catalog: GPUs, their generations, nodes (NVLink domains) and scale-out fabrics, loaded from TOML data files.
 
-The shipped files live in `sim/hardware/*.toml`, each entry with its source. Users add or override entries
-with their own TOML (same tables: [gpus.<key>], [nodes.<key>], [fabrics.<key>]) through `--catalog FILE`
-or $SCALETRAIN_CATALOG (colon-separated files). A new entry needs every field; an entry that overrides a known
-key may give only the fields it changes.
+The shipped files live in `sim/hardware/*.toml`, each entry with its source. They hold every hardware fact the
+simulator uses, names included: a GPU's generation (which fitted efficiency set prices it), its default node, the
+patterns that find it in a device name or a published result's accelerator text, and a generation's reference SKU.
+Users add or override entries with their own TOML (same tables: [gpus.<key>], [generations.<key>], [nodes.<key>],
+[fabrics.<key>]) through `--catalog FILE` or $SCALETRAIN_CATALOG (colon-separated files), so adding a GPU is one
+entry (and its node). A new entry needs every field; an entry that overrides a known key may give only the fields
+it changes.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import re
 import sys
 from dataclasses import MISSING, dataclass, field, fields
 from importlib import resources
@@ -43,16 +48,32 @@ class GPU:
     nvlink_gbps: float
     kernel_us: float
     source: str
+    generation: str
+    """Key of its architecture generation (generations.toml): the fitted efficiency sets it is priced with."""
+    default_node: str
+    """The node `predict --gpu KEY` uses when --node is not given."""
     gemm_curve_bf16: tuple = ()
     """Optional measured [(GFLOP, TFLOP/s), ...] for bf16 GEMMs; replaces the kernel_us roll-off."""
     gemm_curve_fp8: tuple = ()
     """Optional measured curve for FP8 GEMMs."""
-    default_node: str = ""
-    """The node `predict --gpu KEY` uses when --node is not given."""
     fp4_tflops: float = 0.0
     """Dense FP4 peak (NVFP4 on Blackwell, MXFP4 on CDNA 4); 0 = no FP4 tensor cores."""
     matmul_fp4_tflops: float = 0.0
     """Large-GEMM FP4 ceiling (what `predict --fp4` prices the FP4 GEMMs at); 0 = none."""
+    name_patterns: tuple[str, ...] = ()
+    """Regular expressions that find this GPU in a device name or accelerator text (`Catalog.gpu_for_device`);
+    empty = the key itself."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A GPU architecture generation: software efficiency is fitted per release and generation."""
+
+    key: str
+    name: str
+    reference_gpu: str
+    """The SKU whose GEMM efficiency the generation's fitted set is; the generation's other SKUs carry a fitted
+    multiplier on it (`sku_gemm`)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +95,9 @@ class Node:
     topology: str = "switch"
     """"switch" (NVSwitch: every group in the domain gets the full bandwidth) or "mesh" (a direct link to each of
     the domain-1 peers, AMD Infinity Fabric: a g-member group uses g-1 of them)."""
+    system_patterns: tuple[str, ...] = ()
+    """Regular expressions that pick this node instead of its GPU's default node for a published result whose
+    submitter and system text matches one (`Catalog.node_for_system`)."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +123,15 @@ class Fabric:
         return level
 
 
-_KINDS = {"gpus": GPU, "nodes": Node, "fabrics": Fabric}
+_KINDS = {"gpus": GPU, "generations": Generation, "nodes": Node, "fabrics": Fabric}
+
+DEFAULT_GPU = "h100"
+"""The GPU the commands price when --gpu is not given."""
+
+
+def _name_regex(pattern: str) -> re.Pattern:
+    # No letter or digit before ("gb200" holds no "b200"), no digit after ("h1000" is no "h100").
+    return re.compile(rf"(?<![a-z0-9])(?:{pattern})(?![0-9])")
 
 
 @dataclass
@@ -109,6 +141,7 @@ class Catalog:
     gpus: dict
     nodes: dict
     fabrics: dict
+    generations: dict = field(default_factory=dict)
     origin: dict = field(default_factory=dict)
     """(kind, key) -> the file that last defined the entry, for error messages."""
 
@@ -117,16 +150,36 @@ class Catalog:
         return self._get("gpus", key)
 
     def gpu_for_device(self, device_name: str) -> GPU | None:
-        """The GPU a torch device name names ('NVIDIA H100 80GB HBM3' -> h100, 'NVIDIA GB200' -> gb200), or None.
+        """The GPU a torch device name or a published accelerator text names ('NVIDIA H100 80GB HBM3' -> h100,
+        'NVIDIA GB200' -> gb200, 'NVIDIA H200-NVL-141GB' -> h200nvl), or None.
 
-        Matches catalog keys inside the name with spaces and dashes removed, longest key first, so "gb200" wins
-        over "b200".
+        Each GPU's `name_patterns` (default: its key) are searched in the lower-cased text; the longest match wins.
         """
-        squashed = device_name.lower().replace(" ", "").replace("-", "")
-        for key in sorted(self.gpus, key=len, reverse=True):
-            if key in squashed:
-                return self.gpus[key]
-        return None
+        text = device_name.lower()
+        best: tuple[int, str] | None = None
+        for key, gpu in self.gpus.items():
+            for pattern in gpu.name_patterns or (re.escape(key),):
+                m = _name_regex(pattern).search(text)
+                if m and (best is None or len(m.group(0)) > best[0]):
+                    best = (len(m.group(0)), key)
+        return None if best is None else self.gpus[best[1]]
+
+    def node_for_system(self, gpu: GPU, system: str) -> Node:
+        """The node of a published result on `gpu` whose submitter and system text is `system`: the first node of
+        that GPU with a matching `system_patterns` entry (a cloud node type), else the GPU's default node."""
+        text = system.lower()
+        for node in self.nodes.values():
+            if node.gpu == gpu.key and any(re.search(p, text) for p in node.system_patterns):
+                return node
+        return self.node(gpu.default_node)
+
+    def generation(self, key: str) -> Generation:
+        """The generation `key`."""
+        return self._get("generations", key)
+
+    def is_reference(self, gpu: GPU) -> bool:
+        """Whether `gpu` is its generation's reference SKU (its fitted set's gemm_eff applies unscaled)."""
+        return self.generation(gpu.generation).reference_gpu == gpu.key
 
     def node(self, key: str) -> Node:
         """The node `key`."""
@@ -190,6 +243,15 @@ def _build(kind: str, key: str, table: dict, where: str, base=None):
                     raise ValueError("must be true or false")
             elif f.type in ("tuple",):
                 value = tuple((float(a), float(b)) for a, b in value)
+            elif f.type == "tuple[str, ...]":
+                if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) and p for p in value):
+                    raise ValueError("must be a list of regular expressions")
+                for pattern in value:
+                    try:
+                        re.compile(pattern)
+                    except re.error as exc:
+                        raise ValueError(f"{pattern!r} is not a regular expression ({exc})") from None
+                value = tuple(value)
             else:
                 value = str(value)
         except (TypeError, ValueError) as exc:
@@ -212,7 +274,7 @@ def _merge_file(cat: Catalog, text: str, where: str, nested: str | None) -> None
     tables = {nested: data} if nested else data
     for kind, entries in tables.items():
         if kind not in _KINDS:
-            raise CatalogError(f"{where}: unknown table [{kind}] (use gpus, nodes or fabrics)")
+            raise CatalogError(f"{where}: unknown table [{kind}] (use gpus, generations, nodes or fabrics)")
         if not isinstance(entries, dict):
             raise CatalogError(f"{where}: [{kind}] must be a table of entries, got {entries!r}")
         for key, table in entries.items():
@@ -225,11 +287,35 @@ def load_catalog(extra: list[str] | tuple[str, ...] = ()) -> Catalog:
     """The shipped catalog, then $SCALETRAIN_CATALOG files, then `extra` files (later entries win)."""
     cat = Catalog({}, {}, {})
     root = resources.files("scaletrain.sim") / "hardware"
-    for kind in ("gpus", "nodes", "fabrics"):
+    for kind in _KINDS:
         _merge_file(cat, (root / f"{kind}.toml").read_text(), f"hardware/{kind}.toml", kind)
     env = [p for p in os.environ.get("SCALETRAIN_CATALOG", "").split(os.pathsep) if p]
     for path in [*env, *extra]:
         _merge_file(cat, read_text_file(path, f"catalog file {path}", error=CatalogError), str(path), None)
+    _check_references(cat)
+    return cat
+
+
+def _check_references(cat: Catalog) -> None:
+    """Every key an entry names exists, so a lookup never finds a dangling one later (one line naming the file)."""
+    for gpu in cat.gpus.values():
+        where = cat.origin.get(("gpus", gpu.key), "catalog")
+        if gpu.generation not in cat.generations:
+            raise CatalogError(
+                f"{where}: gpu {gpu.key!r} names unknown generation {gpu.generation!r}; "
+                f"known: {', '.join(sorted(cat.generations))}"
+            )
+        node = cat.nodes.get(gpu.default_node)
+        if node is None or node.gpu != gpu.key:
+            what = "no known node" if node is None else f"a node of {node.gpu!r} GPUs"
+            raise CatalogError(f"{where}: gpu {gpu.key!r} default_node {gpu.default_node!r} is {what}")
+    for gen in cat.generations.values():
+        ref = cat.gpus.get(gen.reference_gpu)
+        if ref is None or ref.generation != gen.key:
+            where = cat.origin.get(("generations", gen.key), "catalog")
+            raise CatalogError(
+                f"{where}: generation {gen.key!r} reference_gpu {gen.reference_gpu!r} is no gpu of that generation"
+            )
     for node in cat.nodes.values():
         where = cat.origin.get(("nodes", node.key), "catalog")
         if node.gpu not in cat.gpus:
@@ -238,7 +324,24 @@ def load_catalog(extra: list[str] | tuple[str, ...] = ()) -> Catalog:
             raise CatalogError(f"{where}: node {node.key!r} names unknown fabric {node.fabric!r}")
         if node.nvlink_domain % node.gpus_per_node:
             raise CatalogError(f"{where}: node {node.key!r}: nvlink_domain must be a multiple of gpus_per_node")
-    return cat
+
+
+def shipped_keys(kind: str) -> list[str]:
+    """Keys of the shipped `kind` ("gpus", "nodes", ...) entries, in file order: for help texts, which no user
+    catalog file should be able to break."""
+    return list(tomllib.loads((resources.files("scaletrain.sim") / "hardware" / f"{kind}.toml").read_text()))
+
+
+@functools.lru_cache(maxsize=4)
+def _catalog_for(env: str) -> Catalog:
+    # `env` is only the cache key: load_catalog reads the variable itself.
+    return load_catalog()
+
+
+def default_catalog() -> Catalog:
+    """The shipped catalog with the $SCALETRAIN_CATALOG files (`load_catalog()`), read once per value of the
+    variable: for lookups repeated per row or per call, where no --catalog file is in play."""
+    return _catalog_for(os.environ.get("SCALETRAIN_CATALOG", ""))
 
 
 def mfu_peak(device_name: str) -> tuple[str, float] | None:

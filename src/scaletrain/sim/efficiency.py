@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from importlib import resources
 
 from scaletrain.config_io import read_text_file
+from scaletrain.sim.catalog import Catalog, default_catalog
 
 EFFICIENCY_ENV = "SCALETRAIN_EFFICIENCY"
 """Environment variable naming an efficiency file (`sim calibrate --out`) whose sets win over the shipped ones."""
@@ -126,26 +127,6 @@ def _efficiency_file_problem(doc) -> str | None:
     return None
 
 
-# GPU -> architecture generation: software efficiency is fitted per release and generation.
-GENERATION = {
-    "a100": "ampere",
-    "h100": "hopper",
-    "h200": "hopper",
-    "h200nvl": "hopper",
-    "b200": "blackwell",
-    "b300": "blackwell",
-    "gb200": "blackwell",
-    "gb300": "blackwell",
-    "mi300x": "cdna3",
-    "mi325x": "cdna3",
-    "mi350x": "cdna4",
-    "mi355x": "cdna4",
-}
-
-# The SKU of each generation whose GEMM efficiency the generation's set is: the others of the generation carry a
-# fitted multiplier (`sku_gemm`, prior 1) where the calibration has rows for them.
-SKU_REFERENCE = {"ampere": "a100", "hopper": "h100", "blackwell": "b200", "cdna3": "mi300x", "cdna4": "mi355x"}
-
 PER_BENCHMARK = ("tp_exposed", "eval_eff", "sync_log2_s")
 """Scalars fitted per benchmark, not shared: they depend on the benchmark's implementation, not the hardware.
 TP exposure depends on which GEMMs the TP collectives can hide under (LoRA's backward has no weight-gradient GEMMs
@@ -166,11 +147,6 @@ def releases() -> list[str]:
     """Releases with a fitted set, oldest first."""
     sets = load_efficiencies()["sets"]
     return sorted({k.split("/")[0] for k in sets}, key=_release_key)
-
-
-def generation(gpu: str) -> str:
-    """The architecture generation of catalog GPU `gpu` ("hopper" for a key this table does not know)."""
-    return GENERATION.get(gpu, "hopper")
 
 
 OWN_FIT = ("gemm_mult", "eval_eff")
@@ -196,9 +172,12 @@ def specialise(eff: Efficiency, gpu: str, benchmark: str | None, sku_gemm: dict,
     return replace(eff, **changes) if changes else eff
 
 
-def efficiency_for(release: str | None, gpu: str, benchmark: str | None = None) -> tuple[str, Efficiency]:
-    """(set name, Efficiency) for a release ("v3.0" ... "v5.1"; None/"latest" = newest) on `gpu`, running
-    `benchmark` (an MLPerf benchmark name; None for another model).
+def efficiency_for(
+    release: str | None, gpu: str, benchmark: str | None = None, catalog: Catalog | None = None
+) -> tuple[str, Efficiency]:
+    """(set name, Efficiency) for a release ("v3.0" ... "v5.1"; None/"latest" = newest) on catalog GPU `gpu`,
+    running `benchmark` (an MLPerf benchmark name; None for another model). The GPU's generation comes from
+    `catalog` (default: the shipped one with $SCALETRAIN_CATALOG's files); a key it does not know is a CatalogError.
 
     The set found below is then specialised (`specialise`): its gemm_eff times the GPU SKU's fitted multiplier
     ("sku_gemm"; 1 for a generation's reference SKU and SKUs without calibration rows), and the benchmark's own
@@ -213,12 +192,13 @@ def efficiency_for(release: str | None, gpu: str, benchmark: str | None = None) 
        across generations (DP overlap and slowdown, FP4 efficiency, the fixed costs, and the PER_BENCHMARK ones:
        taken from the release's Hopper set, else its first), with gemm_eff = DEFAULT_GEMM_EFF.
     """
+    gen = (catalog or default_catalog()).gpu(gpu).generation
     doc = load_efficiencies()
-    name, eff = _set_for(doc["sets"], release, gpu)
+    name, eff = _set_for(doc["sets"], release, gpu, gen)
     return name, specialise(eff, gpu, benchmark, doc.get("sku_gemm", {}), doc.get("benchmarks", {}))
 
 
-def _set_for(sets: dict, release: str | None, gpu: str) -> tuple[str, Efficiency]:
+def _set_for(sets: dict, release: str | None, gpu: str, gen: str) -> tuple[str, Efficiency]:
     if not sets:
         return "prior", Efficiency()
     known = sorted({k.split("/")[0] for k in sets}, key=_release_key)
@@ -234,7 +214,6 @@ def _set_for(sets: dict, release: str | None, gpu: str) -> tuple[str, Efficiency
             f"--calibration {release}: no fitted set; known: {', '.join(known)}"
             + (hint if release == "measured" else "")
         )
-    gen = generation(gpu)
     key = f"{release}/{gen}"
     if key in sets:
         return key, Efficiency.from_dict(sets[key])

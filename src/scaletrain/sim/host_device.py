@@ -116,6 +116,7 @@ def cpu_system(device: dict) -> tuple[GPU, Node, Fabric]:
         nvlink_gbps=busbw,
         kernel_us=kernel_us,
         source="measured at start-up (scaletrain.train.device_probe)",
+        generation=CPU_KEY,
         default_node="cpu-host",
     )
     node = Node(

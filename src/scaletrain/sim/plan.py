@@ -198,29 +198,12 @@ def plan(
         raise ValueError(f"gpus ({gpus}) and top ({top}) must be >= 1")
     cat = catalog or load_catalog()
     g, n, f = cat.system(gpu, node, fabric)
-    release, eff = efficiency_for(calibration, g.key, benchmark_of(w.name))
+    release, eff = efficiency_for(calibration, g.key, benchmark_of(w.name), cat)
     bench = benchmark_of(w.name)
-    if objective == "auto":
-        objective = "ttt" if bench else "throughput"
-    if objective not in ("ttt", "throughput"):
-        raise ValueError(f"objective {objective!r} must be auto, ttt or throughput")
-    if objective == "ttt" and not bench:
-        raise ValueError(f"{w.name} is not an MLPerf benchmark: no time-to-train; use objective='throughput'")
-    if fp8 and g.fp8_tflops <= 0:
-        raise ValueError(f"{g.key} has no FP8 tensor cores")
-    precisions = (fp8,) if fp8 is not None else ((True, False) if g.fp8_tflops > 0 else (False,))
-    if fp4:
-        if as_trained:
-            raise ValueError("the trainer has no FP4 recipe: --fp4 and --as-trained exclude each other")
-        if g.fp4_tflops <= 0:
-            raise ValueError(f"{g.key} has no FP4 tensor cores")
-        precisions = (True,)
-    lo = hi = 0  # the RCP table's batch range (benchmarks only)
-    if bench:
-        sizes = sorted(mlperf.rcp_records(bench))
-        lo, hi = sizes[0], sizes[-1]
-        if gbs and gbs > sizes[-1]:
-            raise ValueError(f"gbs {gbs} is above the largest {bench} RCP batch size {sizes[-1]}")
+    objective = _objective(objective, bench, w.name)
+    precisions = _precisions(g, fp8, fp4, as_trained)
+    lo, hi = _batch_range(bench, gbs)
+    search = _Search(w, gpus, n.nvlink_domain, g.hbm_gb, gbs, bench, lo, hi, precisions, fp4, as_trained, moe_imbalance)
     cl = Cluster(g, n, f, gpus)
     runs: dict[int, ExpectedRun] = {}  # gbs -> expected steps and evaluations
 
@@ -233,93 +216,185 @@ def plan(
         return (run.steps * step_s + run.evals * eval_time(w, lay, fwd_s, run.eval_tokens, eff, n.nvlink_domain)) / 60
 
     cost_cache: dict[tuple, tuple] = {}
-    fit_cache: dict[tuple, tuple] = {}
-    rejected: Counter[str] = Counter()
-    bounds, searched, feasible, least_mem = [], 0, 0, float("inf")
-    for tp, pp, vp, cp, ep in _shapes(w, gpus, n.nvlink_domain):
-        for mbs in MBS:
-            unit = gpus // (tp * pp * cp) * mbs
-            batches = [gbs] if gbs else _batches(unit, pp, vp, lo, hi) if bench else [DEFAULT_GBS]
-            if not batches:
-                searched += 1
-                rejected[f"no global batch in {lo}..{hi} is a multiple of dp*mbs (x pp micro-batches)"] += 1
-            for b in batches:
-                for prec in precisions:
-                    searched += 1
-                    # FP8 runs follow NVIDIA's MLPerf recipes, which reduce gradients in bf16 (as `calibrate` does);
-                    # the trainer reduces them in fp32.
-                    lay = ClusterLayout(
-                        gpus=gpus,
-                        tp=tp,
-                        pp=pp,
-                        vp=vp,
-                        cp=cp,
-                        mbs=mbs,
-                        gbs=b,
-                        fp8=prec,
-                        bf16_grads=prec and not as_trained,
-                        fp4=fp4,
-                        ep=ep,
-                        moe_imbalance=moe_imbalance,
-                    )
-                    problems = lay.problems(w)
-                    if problems:
-                        rejected[re.sub(r"\d+", "N", problems[0])] += 1
-                        continue
-                    # Memory sees the GBS only through the in-flight count, which stops growing at m = 2*pp.
-                    key = (tp, pp, vp, cp, ep, mbs, prec, min(lay.microbatches, 2 * pp))
-                    if key not in fit_cache:
-                        fit_cache[key] = _fitting(w, lay, g.hbm_gb, as_trained)
-                    variants, least = fit_cache[key]
-                    if not variants:
-                        least_mem = min(least_mem, least)
-                        rejected["memory"] += 1
-                        continue
-                    feasible += 1
-                    for var in variants:
-                        var = replace(var, gbs=b)
-                        bounds.append((score(var, *_bound(w, var, cl, eff, cost_cache)), _tiebreak(var), var))
+    found = search.candidates(lambda var: score(var, *_bound(w, var, cl, eff, cost_cache)))
 
-    # Branch and bound: price candidates in order of their bound until the bound alone loses to the K-th best price.
+    def closed_form(var: ClusterLayout) -> float:
+        st = step_time(w, var, cl, eff, event=False)
+        return score(var, st.step_time_s, st.forward_rank_s)
+
+    scored = _branch_and_bound(found.bounds, RESIMULATE * top, closed_form)
+    best = _event_best(
+        scored,
+        top,
+        lambda lay: predict(w, lay, g.key, n.key, f.key, calibration=release, eff=eff, catalog=cat, event=True),
+        objective,
+    )
+    rejected = found.rejected
+    if "memory" in rejected:
+        rejected[
+            f"does not fit in memory even with full recomputation (the leanest rejected needs "
+            f"{found.least_mem / memory.GIB:.0f} GiB per GPU; {g.key} has {g.hbm_gb:.0f} GB)"
+        ] = rejected.pop("memory")
+    return PlanResult(
+        best=best,
+        searched=found.searched,
+        feasible=found.feasible,
+        seconds=time.perf_counter() - start,
+        objective=objective,
+        rejected=dict(rejected.most_common(5)),
+    )
+
+
+def _objective(objective: str, bench: str | None, model: str) -> str:
+    """The objective "auto" resolves to (ttt for a benchmark, else throughput); ValueError for an impossible one."""
+    if objective == "auto":
+        objective = "ttt" if bench else "throughput"
+    if objective not in ("ttt", "throughput"):
+        raise ValueError(f"objective {objective!r} must be auto, ttt or throughput")
+    if objective == "ttt" and not bench:
+        raise ValueError(f"{model} is not an MLPerf benchmark: no time-to-train; use objective='throughput'")
+    return objective
+
+
+def _precisions(g, fp8: bool | None, fp4: bool, as_trained: bool) -> tuple[bool, ...]:
+    """The fp8 flags to search on GPU `g`: the one asked for, else both where it has FP8 tensor cores; ValueError
+    for a precision the GPU or the trainer lacks."""
+    if fp8 and g.fp8_tflops <= 0:
+        raise ValueError(f"{g.key} has no FP8 tensor cores")
+    precisions = (fp8,) if fp8 is not None else ((True, False) if g.fp8_tflops > 0 else (False,))
+    if fp4:
+        if as_trained:
+            raise ValueError("the trainer has no FP4 recipe: --fp4 and --as-trained exclude each other")
+        if g.fp4_tflops <= 0:
+            raise ValueError(f"{g.key} has no FP4 tensor cores")
+        precisions = (True,)
+    return precisions
+
+
+def _batch_range(bench: str | None, gbs: int | None) -> tuple[int, int]:
+    """The RCP table's global-batch range of benchmark `bench` ((0, 0) for another model); ValueError for a `gbs`
+    above it."""
+    if not bench:
+        return 0, 0
+    sizes = sorted(mlperf.rcp_records(bench))
+    if gbs and gbs > sizes[-1]:
+        raise ValueError(f"gbs {gbs} is above the largest {bench} RCP batch size {sizes[-1]}")
+    return sizes[0], sizes[-1]
+
+
+@dataclass
+class _Found:
+    """What the enumeration found: (bound, tiebreak, layout) per memory-feasible variant, and the counts."""
+
+    bounds: list = field(default_factory=list)
+    searched: int = 0
+    feasible: int = 0
+    least_mem: float = float("inf")
+    """Bytes per GPU of the leanest layout rejected for memory."""
+    rejected: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class _Search:
+    """The layouts to enumerate: shapes by the workload and the NVLink domain, batches by the RCP table."""
+
+    w: Workload
+    gpus: int
+    domain: int
+    hbm_gb: float
+    gbs: int | None
+    bench: str | None
+    lo: int
+    """The smallest and largest global batch of the RCP table (benchmarks only)."""
+    hi: int
+    precisions: tuple
+    fp4: bool
+    as_trained: bool
+    moe_imbalance: float
+
+    def candidates(self, bound) -> _Found:
+        """Every (tp, pp, vp, cp, ep, mbs, gbs, precision) layout that divides and fits in memory, each variant with
+        `bound(layout)`, the objective's lower bound; with counts of what was searched and why layouts failed."""
+        w, gpus, lo, hi = self.w, self.gpus, self.lo, self.hi
+        found = _Found()
+        fit_cache: dict[tuple, tuple] = {}
+        for tp, pp, vp, cp, ep in _shapes(w, gpus, self.domain):
+            for mbs in MBS:
+                unit = gpus // (tp * pp * cp) * mbs
+                batches = [self.gbs] if self.gbs else _batches(unit, pp, vp, lo, hi) if self.bench else [DEFAULT_GBS]
+                if not batches:
+                    found.searched += 1
+                    found.rejected[f"no global batch in {lo}..{hi} is a multiple of dp*mbs (x pp micro-batches)"] += 1
+                for b in batches:
+                    for prec in self.precisions:
+                        found.searched += 1
+                        # FP8 runs follow NVIDIA's MLPerf recipes, which reduce gradients in bf16 (as `calibrate`
+                        # does); the trainer reduces them in fp32.
+                        lay = ClusterLayout(
+                            gpus=gpus,
+                            tp=tp,
+                            pp=pp,
+                            vp=vp,
+                            cp=cp,
+                            mbs=mbs,
+                            gbs=b,
+                            fp8=prec,
+                            bf16_grads=prec and not self.as_trained,
+                            fp4=self.fp4,
+                            ep=ep,
+                            moe_imbalance=self.moe_imbalance,
+                        )
+                        problems = lay.problems(w)
+                        if problems:
+                            found.rejected[re.sub(r"\d+", "N", problems[0])] += 1
+                            continue
+                        # Memory sees the GBS only through the in-flight count, which stops growing at m = 2*pp.
+                        key = (tp, pp, vp, cp, ep, mbs, prec, min(lay.microbatches, 2 * pp))
+                        if key not in fit_cache:
+                            fit_cache[key] = _fitting(w, lay, self.hbm_gb, self.as_trained)
+                        variants, least = fit_cache[key]
+                        if not variants:
+                            found.least_mem = min(found.least_mem, least)
+                            found.rejected["memory"] += 1
+                            continue
+                        found.feasible += 1
+                        for var in variants:
+                            var = replace(var, gbs=b)
+                            found.bounds.append((bound(var), _tiebreak(var), var))
+        return found
+
+
+def _branch_and_bound(bounds: list, keep: int, price) -> list[tuple]:
+    """(price, tiebreak, layout) of the candidates priced in order of their bound, until the bound alone loses to
+    the `keep`-th best price; sorted best first."""
     bounds.sort(key=lambda c: c[:2])
-    keep = RESIMULATE * top
     worst: list[float] = []  # max-heap (negated) of the `keep` best prices so far
     scored = []
     for lb, tie, var in bounds:
         if len(worst) >= keep and lb > -worst[0]:
             break
-        st = step_time(w, var, cl, eff, event=False)
-        price = score(var, st.step_time_s, st.forward_rank_s)
-        scored.append((price, tie, var))
-        heapq.heappush(worst, -price)
+        p = price(var)
+        scored.append((p, tie, var))
+        heapq.heappush(worst, -p)
         if len(worst) > keep:
             heapq.heappop(worst)
-
-    # Re-price the best by event simulation; keep going past RESIMULATE*top if the exact in-flight count makes
-    # some of them overflow memory, so `top` feasible plans come back whenever the closed form found them.
     scored.sort(key=lambda s: s[:2])
+    return scored
+
+
+def _event_best(scored: list[tuple], top: int, predict_one, objective: str) -> list[Prediction]:
+    """The `top` best feasible predictions of the closed-form best, re-priced by event simulation; it goes past
+    RESIMULATE*top if the exact in-flight count makes some of them overflow memory, so `top` feasible plans come
+    back whenever the closed form found them."""
     best: list[tuple] = []
     for i, (_, tie, lay) in enumerate(scored):
         if i >= RESIMULATE * top and len(best) >= top or i >= 10 * top:
             break
-        p = predict(w, lay, g.key, n.key, f.key, calibration=release, eff=eff, catalog=cat, event=True)
+        p = predict_one(lay)
         if p.feasible:
             best.append((_value(p, objective), tie, p))
     best.sort(key=lambda b: b[:2])
-
-    if "memory" in rejected:
-        rejected[
-            f"does not fit in memory even with full recomputation (the leanest rejected needs "
-            f"{least_mem / memory.GIB:.0f} GiB per GPU; {g.key} has {g.hbm_gb:.0f} GB)"
-        ] = rejected.pop("memory")
-    return PlanResult(
-        best=[p for _, _, p in best[:top]],
-        searched=searched,
-        feasible=feasible,
-        seconds=time.perf_counter() - start,
-        objective=objective,
-        rejected=dict(rejected.most_common(5)),
-    )
+    return [p for _, _, p in best[:top]]
 
 
 __all__ = ["plan", "PlanResult", "DEFAULT_GBS"]

@@ -12,7 +12,7 @@ from scaletrain.sim.catalog import Catalog, load_catalog
 from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import Efficiency, efficiency_for
 from scaletrain.sim.fixed_costs import domains, eval_fixed_s, warmup_s
-from scaletrain.sim.step import step_time
+from scaletrain.sim.step import StepResult, step_time
 from scaletrain.sim.workload import ClusterLayout, Workload
 
 
@@ -128,7 +128,7 @@ def predict(
     g, n, f = cat.system(gpu, node, fabric)
     release = calibration or "latest"
     if eff is None:
-        release, eff = efficiency_for(calibration, g.key, benchmark or benchmark_of(w.name))
+        release, eff = efficiency_for(calibration, g.key, benchmark or benchmark_of(w.name), cat)
     reasons = layout.problems(w)
     if layout.fp8 and g.fp8_tflops <= 0:
         reasons.append(f"{g.key} has no FP8 tensor cores")
@@ -173,21 +173,8 @@ def predict(
     per_gpu = tokens_per_s / layout.gpus
     tflops = per_gpu * w.flops_per_token / 1e12
     peak = g.bf16_tflops  # MFU is always against the dense bf16 peak, as the trainer reports it
-    steps = evals = ev_s = train_s = ttt = warm = None
-    ttt_parts: dict = {}
-    phases: dict = {}
     bench = benchmark or benchmark_of(w.name)
-    if bench:
-        conv = expected_convergence(bench, layout.gbs, converge)
-        steps, evals = conv.steps, conv.evals
-        ev_s = eval_time(w, layout, st.forward_rank_s, conv.eval_tokens, eff, n.nvlink_domain)
-        train_s = steps * st.step_time_s
-        warm = warmup_s(layout, st.step_time_s, eff)
-        ttt = (warm + train_s + evals * ev_s) / 60
-        ttt_parts = {k: steps * v / 60 for k, v in st.breakdown.items()}
-        ttt_parts["evaluation"] = evals * ev_s / 60
-        ttt_parts["warmup"] = warm / 60
-        phases = {"warmup": warm / 60, "steps": train_s / 60, "evaluations": evals * ev_s / 60}
+    run = _time_to_train(w, layout, st, eff, bench, converge, n.nvlink_domain) if bench else {}
     return Prediction(
         **base,
         feasible=not reasons,
@@ -199,16 +186,48 @@ def predict(
         mfu_peak_tflops=peak,
         memory_gib_per_gpu=mem.total / 2**30,
         memory=mem.gib(),
-        steps=steps,
-        evals=evals,
-        eval_time_s=ev_s,
-        train_time_s=train_s,
-        time_to_train_min=ttt,
+        steps=run.get("steps"),
+        evals=run.get("evals"),
+        eval_time_s=run.get("eval_time_s"),
+        train_time_s=run.get("train_time_s"),
+        time_to_train_min=run.get("time_to_train_min"),
         breakdown=st.breakdown,
-        ttt_breakdown=ttt_parts,
-        warmup_s=warm,
-        phases_min=phases,
+        ttt_breakdown=run.get("ttt_breakdown", {}),
+        warmup_s=run.get("warmup_s"),
+        phases_min=run.get("phases_min", {}),
     )
+
+
+def _time_to_train(
+    w: Workload,
+    layout: ClusterLayout,
+    st: StepResult,
+    eff: Efficiency,
+    bench: str,
+    converge: float | None,
+    nvlink_domain: int,
+) -> dict:
+    """The MLPerf run of benchmark `bench` at step `st`, as Prediction fields: steps and evaluations to converge,
+    seconds per evaluation, training and warm-up seconds, minutes to train and their breakdown by step term and
+    by phase."""
+    conv = expected_convergence(bench, layout.gbs, converge)
+    steps, evals = conv.steps, conv.evals
+    ev_s = eval_time(w, layout, st.forward_rank_s, conv.eval_tokens, eff, nvlink_domain)
+    train_s = steps * st.step_time_s
+    warm = warmup_s(layout, st.step_time_s, eff)
+    parts = {k: steps * v / 60 for k, v in st.breakdown.items()}
+    parts["evaluation"] = evals * ev_s / 60
+    parts["warmup"] = warm / 60
+    return {
+        "steps": steps,
+        "evals": evals,
+        "eval_time_s": ev_s,
+        "train_time_s": train_s,
+        "time_to_train_min": (warm + train_s + evals * ev_s) / 60,
+        "ttt_breakdown": parts,
+        "warmup_s": warm,
+        "phases_min": {"warmup": warm / 60, "steps": train_s / 60, "evaluations": evals * ev_s / 60},
+    }
 
 
 def _layout_dict(layout: ClusterLayout) -> dict:

@@ -24,14 +24,12 @@ from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import (
     OWN_FIT,
     PER_BENCHMARK,
-    SKU_REFERENCE,
     Efficiency,
-    generation,
     nearest_set,
     specialise,
 )
 from scaletrain.sim.fit.results import PublishedResult
-from scaletrain.sim.fit.rows import _Row, host_network, prepare, row_layout, row_system, set_name
+from scaletrain.sim.fit.rows import _Row, host_network, prepare, row_layout, row_system
 from scaletrain.sim.step import step_time
 from scaletrain.sim.workload import ClusterLayout
 
@@ -48,7 +46,6 @@ __all__ = [
     "prepare",
     "row_layout",
     "row_system",
-    "set_name",
 ]
 
 SHARED = (
@@ -261,7 +258,7 @@ def fit_shared(
     prior = prior or Efficiency()
     effs = FittedSets(
         {r.set: prior for r in rows},
-        {r.row.gpu: 1.0 for r in rows if SKU_REFERENCE.get(generation(r.row.gpu)) != r.row.gpu},
+        {r.row.gpu: 1.0 for r in rows if not r.reference_sku},
         {r.bench: {n: getattr(prior, n) for n in PER_BENCHMARK} for r in rows},
     )
     for _ in range(refreshes):
@@ -387,6 +384,32 @@ def _shape(entry: dict):
     )
 
 
+def measured_gpu_fields(timings: dict) -> dict:
+    """The catalog GPU fields a layer-timings document measures: the GEMM curves and ceilings
+    (gemm_curve_<dtype>, matmul_<dtype>_tflops), attn_tflops (the median causal forward rate, counted as compute.py
+    does) and hbm_copy_tbps; only those it has."""
+    over: dict = {}
+    for dtype in ("bf16", "fp8"):
+        curve = _gemm_curve(timings.get("gemm", []), dtype)
+        if curve:
+            over[f"gemm_curve_{dtype}"] = curve
+            over[f"matmul_{dtype}_tflops"] = max(r for _, r in curve)
+    ceil = timings.get("ceilings", {})
+    for dtype in ("bf16", "fp8"):
+        if ceil.get(f"gemm_{dtype}_tflops"):
+            over[f"matmul_{dtype}_tflops"] = float(ceil[f"gemm_{dtype}_tflops"])
+    if ceil.get("copy_gbps"):
+        over["hbm_copy_tbps"] = float(ceil["copy_gbps"]) / 1000
+    attn = [
+        2 * 2 * a["mbs"] * a["seq_len"] ** 2 * a["heads"] * a["head_dim"] * 0.5 / a["fwd_s"]
+        for a in timings.get("attention", [])
+        if a.get("fwd_s")
+    ]
+    if attn:
+        over["attn_tflops"] = sorted(attn)[len(attn) // 2] / 1e12
+    return over
+
+
 def fit_layer_timings(doc: dict, cat: Catalog, gpu: str | None = None, base=None) -> dict:
     """Fit the simulator to one GPU's measured layer timings (the JSON benchmarks/gpu_mfu.py writes).
 
@@ -404,26 +427,8 @@ def fit_layer_timings(doc: dict, cat: Catalog, gpu: str | None = None, base=None
     if not key:
         raise ValueError("the timings name no catalog GPU (measured on CPU?); pass --gpu to say which to fit")
     g0 = cat.gpu(key)
-    eff0 = base or efficiency_for(None, g0.key)[1]
-    over: dict = {}
-    for dtype in ("bf16", "fp8"):
-        curve = _gemm_curve(doc.get("gemm", []), dtype)
-        if curve:
-            over[f"gemm_curve_{dtype}"] = curve
-            over[f"matmul_{dtype}_tflops"] = max(r for _, r in curve)
-    ceil = doc.get("ceilings", {})
-    for dtype in ("bf16", "fp8"):
-        if ceil.get(f"gemm_{dtype}_tflops"):
-            over[f"matmul_{dtype}_tflops"] = float(ceil[f"gemm_{dtype}_tflops"])
-    if ceil.get("copy_gbps"):
-        over["hbm_copy_tbps"] = float(ceil["copy_gbps"]) / 1000
-    attn = [
-        2 * 2 * a["mbs"] * a["seq_len"] ** 2 * a["heads"] * a["head_dim"] * 0.5 / a["fwd_s"]
-        for a in doc.get("attention", [])
-        if a.get("fwd_s")
-    ]
-    if attn:
-        over["attn_tflops"] = sorted(attn)[len(attn) // 2] / 1e12
+    eff0 = base or efficiency_for(None, g0.key, catalog=cat)[1]
+    over = measured_gpu_fields(doc)
     g = replace(g0, **over)
     measured_blocks = [b for b in doc.get("blocks", []) if b.get("fwd_s")]
     blocks = [(*_shape(b), b["fwd_s"] + b["bwd_s"]) for b in measured_blocks]

@@ -33,11 +33,8 @@ from importlib import resources
 from pathlib import Path
 
 from scaletrain.benchmarks import BENCHMARKS
+from scaletrain.sim.catalog import Catalog, default_catalog
 
-# Catalog keys (sim/hardware/gpus.toml). Longest first, so "gb200" wins over "b200" in "NVIDIA GB200".
-GPU_KEYS = ("h200nvl", "gb300", "gb200", "b300", "b200", "h200", "h100", "a100", "mi300x", "mi325x", "mi350x", "mi355x")
-# "H200-NVL-141GB" / "H200 NVL" is the PCIe card (lower clocks, NVLink bridge), not the SXM part.
-_GPU_RE = re.compile(r"(?<![a-z0-9])(h200[- ]?nvl|" + "|".join(k for k in GPU_KEYS if k != "h200nvl") + r")(?![0-9])")
 _ROUND_RE = re.compile(r"^v?(\d+)\.(\d+)$")
 _PAR_RE = re.compile(r"^TP(\d+)\s+PP(\d+)(?:\s+CP(\d+))?(?:\s+VP(\d+))?\s*(?:,\s*(FP8|BF16))?$", re.IGNORECASE)
 
@@ -135,12 +132,14 @@ class _UnknownLayout(_RowError):
     """The row is well formed but its layout is not known: skipped, never a strict-mode error."""
 
 
-def gpu_key(accelerator: str) -> str:
-    """Catalog key for accelerator text ("NVIDIA H100-SXM5-80GB" -> "h100"); raises ValueError if unknown."""
-    m = _GPU_RE.search(accelerator.lower())
-    if not m:
-        raise ValueError(f"unknown accelerator {accelerator!r} (known: {', '.join(sorted(GPU_KEYS))})")
-    return re.sub(r"[- ]", "", m.group(1))
+def gpu_key(accelerator: str, cat: Catalog | None = None) -> str:
+    """Catalog key for accelerator text ("NVIDIA H100-SXM5-80GB" -> "h100"), by the catalog's name patterns
+    (`Catalog.gpu_for_device`; default: the shipped catalog); raises ValueError if unknown."""
+    cat = cat or default_catalog()
+    gpu = cat.gpu_for_device(accelerator)
+    if gpu is None:
+        raise ValueError(f"unknown accelerator {accelerator!r} (known: {', '.join(sorted(cat.gpus))})")
+    return gpu.key
 
 
 def _pos_int(row: dict, col: str) -> int:
@@ -214,7 +213,7 @@ def _layout(row: dict) -> tuple[int, int, int, int, int, bool]:
     return (_pos_int(row, "tp"), _pos_int(row, "pp"), _pos_int(row, "vp"), cp, _pos_int(row, "mbs"), fp8_text == "yes")
 
 
-def _parse_row(row: dict, line: int, required: tuple[str, ...]) -> PublishedResult:
+def _parse_row(row: dict, line: int, required: tuple[str, ...], cat: Catalog | None) -> PublishedResult:
     for col in required:
         if not (row.get(col) or "").strip():
             raise _RowError(f"empty required field {col!r}")
@@ -226,7 +225,7 @@ def _parse_row(row: dict, line: int, required: tuple[str, ...]) -> PublishedResu
     if not m:
         raise _RowError(f"round {row['round']!r} is not like '4.1' or 'v4.1'")
     try:
-        gpu = gpu_key(row["accelerator"])
+        gpu = gpu_key(row["accelerator"], cat)
     except ValueError as exc:
         raise _RowError(str(exc)) from None
     gpus = _pos_int(row, "n_accel")
@@ -307,8 +306,9 @@ def _read_source(path_or_text) -> tuple[str, str]:
     raise TypeError(f"load_results wants a path or CSV text, got {type(path_or_text).__name__}")
 
 
-def load_results(path_or_text, strict: bool = False) -> LoadReport:
-    """Load a calibration CSV (path or text) into PublishedResult rows.
+def load_results(path_or_text, strict: bool = False, catalog: Catalog | None = None) -> LoadReport:
+    """Load a calibration CSV (path or text) into PublishedResult rows, naming each row's GPU by `catalog`'s name
+    patterns (default: the shipped catalog).
 
     Missing required columns fail the whole file (ResultsError naming file and columns). A bad row is
     skipped and recorded in `errors` as (line, reason); with `strict` the first one raises
@@ -354,7 +354,7 @@ def load_results(path_or_text, strict: bool = False) -> LoadReport:
                 reason = f"expected {len(header)} fields, got {len(fields_)}"
             else:
                 try:
-                    report.rows.append(_parse_row(dict(zip(header, fields_)), start, nonempty))
+                    report.rows.append(_parse_row(dict(zip(header, fields_)), start, nonempty, catalog))
                     continue
                 except _UnknownLayout as exc:
                     report.unknown_layout.append((start, str(exc)))

@@ -15,31 +15,14 @@ import re
 from dataclasses import replace
 
 from scaletrain.sim import mlperf
-from scaletrain.sim.catalog import Catalog, CatalogError, load_catalog
+from scaletrain.sim.catalog import Catalog, CatalogError, default_catalog, load_catalog
 from scaletrain.sim.comm import Cluster
-from scaletrain.sim.efficiency import GENERATION, Efficiency
+from scaletrain.sim.efficiency import Efficiency
 from scaletrain.sim.fit.results import PublishedResult
 from scaletrain.sim.fixed_costs import comm_init_units, domains, expected_max_normal
 from scaletrain.sim.predict import eval_passes, expected_convergence
 from scaletrain.sim.step import StepResult, step_time
 from scaletrain.sim.workload import ClusterLayout, load_workload
-
-# Catalog node per GPU key when the system text names no cloud node type.
-_NODES = {
-    "a100": "dgx-a100",
-    "h100": "hgx-h100",
-    "h200": "hgx-h200",
-    "h200nvl": "h200nvl-pcie",
-    "b200": "dgx-b200",
-    "b300": "hgx-b300",
-    "gb200": "gb200-nvl72",
-    "gb300": "gb300-nvl72",
-    "mi300x": "mi300x-oam",
-    "mi325x": "mi325x-oam",
-    "mi350x": "mi350x-oam",
-    "mi355x": "mi355x-oam",
-}
-_AZURE = {"h100": "nd-h100-v5", "h200": "nd-h200-v5", "gb200": "nd-gb200-v6"}
 
 
 def host_network(interconnect: str) -> str:
@@ -57,15 +40,15 @@ def host_network(interconnect: str) -> str:
     return " | ".join(p for p in text.split("|") if not any(k in p for k in scale_up) and "topo:" not in p)
 
 
-def row_system(row: PublishedResult) -> tuple[str, str]:
+def row_system(row: PublishedResult, cat: Catalog | None = None) -> tuple[str, str]:
     """(node, fabric) catalog keys for a published row, read from its system and interconnect text.
 
-    The node is the GPU's platform (Azure ND node types where the system names them); the fabric is read from the
-    host network ("" = the node's default): XDR, HDR or other InfiniBand, else RoCE/Ethernet.
+    The node is the GPU's platform (`Catalog.node_for_system`: a cloud node type whose patterns the system text
+    matches, else the GPU's default node); the fabric is read from the host network ("" = the node's default): XDR,
+    HDR or other InfiniBand, else RoCE/Ethernet.
     """
-    text = f"{row.submitter} {row.system}".lower()
-    azure = "azure" in text or re.search(r"\bnd[_ -]?(h100|h200|gb200)", text) is not None
-    node = _AZURE[row.gpu] if azure and row.gpu in _AZURE else _NODES[row.gpu]
+    cat = cat or default_catalog()
+    node = cat.node_for_system(cat.gpu(row.gpu), f"{row.submitter} {row.system}").key
     host = host_network(row.interconnect)
     if "xdr" in host or re.search(r"\b800 ?gb", host):
         fabric = "ib-xdr"
@@ -99,11 +82,6 @@ def row_layout(row: PublishedResult) -> ClusterLayout:
         fp4=row.fp4,
         bf16_grads=row.fp8,
     )
-
-
-def set_name(row: PublishedResult) -> str:
-    """Which fitted set a row belongs to: "<release>/<generation>"."""
-    return f"{row.round}/{GENERATION.get(row.gpu, 'hopper')}"
 
 
 ROUND_EVAL_EVERY = {("llama31_405b", "v5.0"): 46_080}
@@ -147,10 +125,12 @@ class _Row:
         problems = self.layout.problems(self.w)
         if problems:
             raise ValueError("layout " + "; ".join(problems))
-        node, fabric = row_system(row)
+        node, fabric = row_system(row, cat)
         g, n, f = cat.system(row.gpu, node, fabric or None)
         self.cluster = Cluster(g, n, f, row.gpus)
-        self.set = set_name(row)
+        self.set = f"{row.round}/{g.generation}"  # the fitted set the row belongs to
+        # A generation's reference SKU is its set; only the others get a fitted gemm_eff multiplier (`calibrate.fit`).
+        self.reference_sku = cat.is_reference(g)
         # A run that did not converge (no count, inf minutes) is the olympic mean's dropped slowest on both sides.
         self.runs = [_published_run(self.bench, row.gbs, c, row.round) for c in row.run_converge if c > 0]
         self.failed = sum(1 for c in row.run_converge if c <= 0)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from scaletrain.sim.catalog import Catalog
 from scaletrain.sim.efficiency import Efficiency, efficiency_for
 from scaletrain.sim.fit.calibrate import _golden
 from scaletrain.sim.fit.runs import MeasuredRun, predicted, price
@@ -287,18 +288,21 @@ def error_summary(rows: list[dict]) -> dict:
     }
 
 
-def calibrate_runs(runs: list[MeasuredRun], held_out: list[MeasuredRun], release: str | None) -> dict:
+def calibrate_runs(
+    runs: list[MeasuredRun], held_out: list[MeasuredRun], release: str | None, catalog: Catalog | None = None
+) -> dict:
     """Fit every efficiency group the runs fall in ("measured/<generation>" or "measured/cpu"), starting from the
     `release`'s set for the group (the priors for a CPU), and score the fit on its runs and on `held_out` runs it
     never saw. The document `sim calibrate --out` writes: {"sets", "gemm_classes", "terms", "runs", "held_out",
-    "held_out_error"}; ValueError for a held-out run of a group no run was fitted in."""
+    "held_out_error"}; ValueError for a held-out run of a group no run was fitted in. `catalog`: the one the runs'
+    GPUs were read from (default: the shipped one)."""
     groups: dict[str, list[MeasuredRun]] = {}
     for r in runs:
         groups.setdefault(r.group, []).append(r)
     doc: dict = {"sets": {}, "gemm_classes": {}, "terms": {}, "runs": [], "held_out": []}
     fits = {}
     for group, members in groups.items():
-        base = CPU_EFFICIENCY if group == CPU_KEY else efficiency_for(release, members[0].cluster.gpu.key)[1]
+        base = CPU_EFFICIENCY if group == CPU_KEY else efficiency_for(release, members[0].gpu, catalog=catalog)[1]
         fits[group] = fit = fit_group(members, base)
         name = f"measured/{group}"
         doc["sets"][name] = fit.eff.to_dict()

@@ -21,7 +21,7 @@ from scaletrain.config import Config, ConfigError, from_dict
 from scaletrain.config_io import FileFormatError
 from scaletrain.sim.catalog import Catalog
 from scaletrain.sim.comm import Cluster
-from scaletrain.sim.efficiency import GENERATION, Efficiency
+from scaletrain.sim.efficiency import Efficiency
 from scaletrain.sim.fit.run_files import read_config_table, read_metrics, read_prediction
 from scaletrain.sim.gemm_classes import run_gemm_gflop
 from scaletrain.sim.host_device import CPU_KEY, cpu_system
@@ -135,7 +135,7 @@ def _device(run: Path, prediction: dict | None, last: dict, gpu: str | None, cat
         if gpu:  # the --gpu flag's, not the run's
             raise
         raise ValueError(f"{run}: {exc}") from None
-    return g.key, GENERATION.get(g.key, g.key), (g, n, f)
+    return g.key, g.generation, (g, n, f)
 
 
 def read_run(run_dir: str | Path, sim_inputs: SimInputs, cat: Catalog, gpu: str | None = None) -> MeasuredRun:

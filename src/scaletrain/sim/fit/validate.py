@@ -134,7 +134,8 @@ def score_dict(s: cal.RowScore) -> dict:
     }
 
 
-_CV_TITLE = {"loo": "leave-one-out", "scale": "scale split"}
+CV_TITLE = {"loo": "leave-one-out", "scale": "scale split"}
+"""How each --cv mode is named in the tables."""
 
 
 def cv_summary(cv: dict) -> dict:
@@ -171,37 +172,3 @@ def cv_json(cv: dict) -> dict:
         "rows": rows,
         "summary": cv_summary(cv),
     }
-
-
-def print_cv(cv: dict) -> None:
-    """The cross-validation table and per-benchmark summary lines."""
-    title = _CV_TITLE[cv["mode"]]
-    how = (
-        "each row predicted by sets refitted on the other rows"
-        if cv["mode"] == "loo"
-        else "rows at or above "
-        + ", ".join(f"{b} {n} GPUs" for b, n in cv["thresholds"].items())
-        + f" predicted by sets fitted on the {cv['fit_rows']} rows below"
-    )
-    print(f"\n{title} ({how}):")
-    print(
-        f"{'benchmark':16} {'round':5} {'gpu':5} {'GPUs':>6} {'set used':15} {'pred min':>9} {'published':>9} "
-        f"{'cv error':>8} {'cv perf':>8} {'in-sample':>9}"
-    )
-    for (r, used, s), ins in zip(cv["scores"], cv["in_sample"]):
-        perf = "-" if s.perf_error is None else f"{100 * s.perf_error:+.1f}%"
-        print(
-            f"{r.benchmark:16} {r.round:5} {r.gpu:5} {r.gpus:6d} {used:15} {s.predicted_min:9.2f} "
-            f"{s.published_min:9.2f} {100 * s.error:+7.1f}% {perf:>8} {100 * ins.error:+8.1f}%"
-        )
-    for b, v in cv_summary(cv).items():
-        t, p, it = v["ttt"], v["perf"], v["in_sample_ttt"]
-        print(
-            f"{b}: {t['rows']} rows, {title} time-to-train MAPE {t['mape_pct']:.2f}% max {t['max_err_pct']:.2f}%"
-            + (
-                f"; with the published convergence MAPE {p['mape_pct']:.2f}% max {p['max_err_pct']:.2f}%"
-                if p["rows"]
-                else ""
-            )
-            + f"; in-sample {it['mape_pct']:.2f}% max {it['max_err_pct']:.2f}%"
-        )

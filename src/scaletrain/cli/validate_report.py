@@ -1,0 +1,76 @@
+"""`scaletrain sim validate`'s text output: predicted against published time-to-train per row, the summaries per
+benchmark, the rows skipped and, with --cv, the out-of-sample table (`sim/fit/validate.py` computes them)."""
+
+from __future__ import annotations
+
+from scaletrain.sim.fit.validate import CV_TITLE, cv_summary, own_fit_note
+
+
+def print_validation(scores: list, summary: dict, by_bench: dict, errors: list, cv: dict | None) -> None:
+    """The in-sample table (one line per scored row), the summary line per benchmark (and "all"), each benchmark's
+    own-fit note, the skipped rows, then the cross-validation table when `cv` was run."""
+    print(
+        f"{'benchmark':16} {'round':5} {'gpu':5} {'GPUs':>6} {'layout':22} {'step s':>7} {'pred min':>9} "
+        f"{'published':>9} {'error':>7} {'perf err':>8}"
+    )
+    for s in scores:
+        r = s.row
+        lay = f"TP{r.tp} PP{r.pp} VP{r.vp} CP{r.cp} GBS{r.gbs}"
+        perf = "-" if s.perf_error is None else f"{100 * s.perf_error:+.1f}%"
+        err = "-" if s.error is None else f"{100 * s.error:+6.1f}%"
+        print(
+            f"{r.benchmark:16} {r.round:5} {r.gpu:5} {r.gpus:6d} {lay:22} {s.step_time_s:7.3f} "
+            f"{s.predicted_min:9.2f} {s.published_min:9.2f} {err:>7} {perf:>8}"
+        )
+    for b, v in summary.items():
+        t, p = v["ttt"], v["perf"]
+        print(
+            f"{b}: {t['rows']} rows, time-to-train MAPE {t['mape_pct']:.2f}% max {t['max_err_pct']:.2f}%"
+            + (
+                f"; with the published convergence MAPE {p['mape_pct']:.2f}% max {p['max_err_pct']:.2f}%"
+                if p["rows"]
+                else ""
+            )
+        )
+    for b, bench_scores in by_bench.items():
+        note = own_fit_note(b, len(bench_scores))
+        if note:
+            print(note)
+    for where, why in errors:
+        print(f"skipped {where}: {why}")
+    if cv:
+        print_cv(cv)
+
+
+def print_cv(cv: dict) -> None:
+    """The cross-validation table and per-benchmark summary lines."""
+    title = CV_TITLE[cv["mode"]]
+    how = (
+        "each row predicted by sets refitted on the other rows"
+        if cv["mode"] == "loo"
+        else "rows at or above "
+        + ", ".join(f"{b} {n} GPUs" for b, n in cv["thresholds"].items())
+        + f" predicted by sets fitted on the {cv['fit_rows']} rows below"
+    )
+    print(f"\n{title} ({how}):")
+    print(
+        f"{'benchmark':16} {'round':5} {'gpu':5} {'GPUs':>6} {'set used':15} {'pred min':>9} {'published':>9} "
+        f"{'cv error':>8} {'cv perf':>8} {'in-sample':>9}"
+    )
+    for (r, used, s), ins in zip(cv["scores"], cv["in_sample"]):
+        perf = "-" if s.perf_error is None else f"{100 * s.perf_error:+.1f}%"
+        print(
+            f"{r.benchmark:16} {r.round:5} {r.gpu:5} {r.gpus:6d} {used:15} {s.predicted_min:9.2f} "
+            f"{s.published_min:9.2f} {100 * s.error:+7.1f}% {perf:>8} {100 * ins.error:+8.1f}%"
+        )
+    for b, v in cv_summary(cv).items():
+        t, p, it = v["ttt"], v["perf"], v["in_sample_ttt"]
+        print(
+            f"{b}: {t['rows']} rows, {title} time-to-train MAPE {t['mape_pct']:.2f}% max {t['max_err_pct']:.2f}%"
+            + (
+                f"; with the published convergence MAPE {p['mape_pct']:.2f}% max {p['max_err_pct']:.2f}%"
+                if p["rows"]
+                else ""
+            )
+            + f"; in-sample {it['mape_pct']:.2f}% max {it['max_err_pct']:.2f}%"
+        )
