@@ -21,8 +21,8 @@ def test_gpt3_175b_flops_per_token_pinned():
     cfg = resolve("gpt3-175b").model
     assert cfg.padded_vocab == 51200
     assert flops_per_token(cfg) == pytest.approx(1.0764e12, rel=5e-5)
-    h, s, l, v = 12288, 2048, 96, 51200
-    assert flops_per_token(cfg) == pytest.approx(72 * l * h * h * (1 + s / (6 * h) + v / (12 * l * h)), rel=1e-12)
+    h, s, n_l, v = 12288, 2048, 96, 51200
+    assert flops_per_token(cfg) == pytest.approx(72 * n_l * h * h * (1 + s / (6 * h) + v / (12 * n_l * h)), rel=1e-12)
 
 
 def test_gpt3_175b_parameter_count():

@@ -66,24 +66,24 @@ def test_llama2_70b_parameter_count_is_hugging_faces():
 
 
 def test_llama2_70b_training_flops_per_token_by_hand():
-    l, h, s, V, kv, hd, f = 80, 8192, 4096, 32000, 8, 128, 28672
+    n_l, h, s, V, kv, hd, f = 80, 8192, 4096, 32000, 8, 128, 28672
     layer_matmul = h * (h + 2 * kv * hd) + h * h + 3 * h * f  # fused QKV (GQA), output, gate+up+down
     assert LLAMA.inventory.layer_matrix_params == layer_matmul == 855_638_016
-    fwd = 2 * layer_matmul * l + 2 * 2 * s * h * l + 2 * h * V  # GEMMs, full s^2 attention (QK^T, AV), logits
+    fwd = 2 * layer_matmul * n_l + 2 * 2 * s * h * n_l + 2 * h * V  # GEMMs, full s^2 attention (QK^T, AV), logits
     assert fwd == 136_902_082_560 + 10_737_418_240 + 524_288_000 == 148_163_788_800
     m = resolve("llama2-70b").model
     assert flops.flops_per_token(m) == pytest.approx(3 * fwd, rel=1e-15)
     assert LLAMA.flops_per_token == pytest.approx(3 * fwd, rel=1e-15)
     assert 3 * fwd == 444_491_366_400  # ~6.44 x N: 6N = 4.139e11 plus attention and the untied head
     parts = flops.forward_flops_per_token(m)
-    assert parts == {"gemm": 2.0 * layer_matmul * l, "attn": 4.0 * s * h * l, "logits": 2.0 * h * V}
+    assert parts == {"gemm": 2.0 * layer_matmul * n_l, "attn": 4.0 * s * h * n_l, "logits": 2.0 * h * V}
     # A different sequence length only moves the attention term.
-    assert flops.flops_per_token(m, seq_len=8192) - flops.flops_per_token(m) == pytest.approx(3 * 4 * 4096 * h * l)
+    assert flops.flops_per_token(m, seq_len=8192) - flops.flops_per_token(m) == pytest.approx(3 * 4 * 4096 * h * n_l)
 
 
 def test_gpt3_flops_are_the_72_l_h2_closed_form():
-    l, h, s, V = 96, 12288, 2048, 51200
-    closed = 72 * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
+    n_l, h, s, V = 96, 12288, 2048, 51200
+    closed = 72 * n_l * h * h * (1 + s / (6 * h) + V / (12 * n_l * h))
     assert GPT3.flops_per_token == pytest.approx(closed, rel=1e-12)
     assert GPT3.flops_per_token == pytest.approx(1.0764e12, rel=1e-4)
     assert GPT3.inventory.layer_matrix_params == 12 * h * h
@@ -91,24 +91,24 @@ def test_gpt3_flops_are_the_72_l_h2_closed_form():
 
 def test_lora_adapter_count_by_hand():
     m = resolve("llama2-70b-lora").model
-    h, kv, hd, r, l = 8192, 8, 128, 16, 80
+    h, kv, hd, r, n_l = 8192, 8, 128, 16, 80
     per_layer = r * (h + (h + 2 * kv * hd)) + r * (h + h)  # qkv: h -> h + 2*kv*hd; proj: h -> h
     assert per_layer == 557_056
-    assert flops.lora_params(m, 16, ("qkv", "proj")) == l * per_layer == 44_564_480
+    assert flops.lora_params(m, 16, ("qkv", "proj")) == n_l * per_layer == 44_564_480
     assert LORA.inventory.trainable_params == 44_564_480
     assert LORA.inventory.params == 68_976_648_192
     assert flops.lora_params(m, 0) == 0
     # Other targets: fc1 is gate+up (h -> 2f), fc2 f -> h.
     f = 28672
-    assert flops.lora_params(m, 8, ("fc1",)) == l * 8 * (h + 2 * f)
-    assert flops.lora_params(m, 8, ("fc2",)) == l * 8 * (f + h)
+    assert flops.lora_params(m, 8, ("fc1",)) == n_l * 8 * (h + 2 * f)
+    assert flops.lora_params(m, 8, ("fc2",)) == n_l * 8 * (f + h)
 
 
 def test_lora_flops_per_token():
     m = resolve("llama2-70b-lora").model
-    l, h, s, V = 80, 8192, 8192, 32000
-    gemm = 2.0 * 855_638_016 * l
-    attn = 2.0 * 2 * s * h * l
+    n_l, h, s, V = 80, 8192, 8192, 32000
+    gemm = 2.0 * 855_638_016 * n_l
+    attn = 2.0 * 2 * s * h * n_l
     logits = 2.0 * h * V
     adapters = 44_564_480
     # Frozen base: GEMMs and logits need only input gradients (2x forward), attention keeps 3x, adapters train (6x).
