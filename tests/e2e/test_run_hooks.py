@@ -1,8 +1,10 @@
 """The run's process-wide hooks (collective-wait timing, train/perf.py; the collective check,
-parallel/collective_check.py) live exactly as long as the run: a Trainer that never finishes leaves torch's own
-functions in place."""
+parallel/collective_check.py; the SIGTERM/SIGUSR1 handlers, train/signals.py) live exactly as long as the run: a
+Trainer that never finishes leaves torch's own functions and the process's signal handlers in place."""
 
 from __future__ import annotations
+
+import signal
 
 import pytest
 import torch.distributed as dist
@@ -16,8 +18,16 @@ from scaletrain.train.protocol import Observer
 
 
 def _torch_functions() -> tuple:
-    """What the hooks replace: c10d's wait, the functional collectives' wait, a collective and P2POp's constructor."""
-    return Work.wait, funcol.wait_tensor, dist.all_reduce, dist.P2POp.__init__
+    """What the hooks replace: c10d's wait, the functional collectives' wait, a collective, P2POp's constructor and
+    the stop signals' handlers."""
+    return (
+        Work.wait,
+        funcol.wait_tensor,
+        dist.all_reduce,
+        dist.P2POp.__init__,
+        signal.getsignal(signal.SIGTERM),
+        signal.getsignal(signal.SIGUSR1),
+    )
 
 
 class _Crash(Observer):

@@ -116,7 +116,8 @@ class Trainer:
             # Read now, types checked: a bad checkpoint is a one-line error before any work, not a KeyError later.
             self._resume_info = read_trainer(self.resume_path)
         self.metrics: MetricsLogger | None = None
-        self.stop_signals = StopSignals()  # SIGTERM/SIGUSR1: save and stop (installed for init..finish)
+        self.stop_signals = StopSignals()  # SIGTERM/SIGUSR1: save and stop (from init to finish inside running())
+        self._in_run = False
         self.step = 0  # optimizer steps taken since run start
         self._loss_scale = 1.0
         self.clock = StepClock(self.device)  # the step breakdown (train/perf.py)
@@ -145,10 +146,17 @@ class Trainer:
     def running(self) -> Iterator[None]:
         """The process-wide hooks of a run, for the block (run_loop enters it around init..finish): collective waits
         timed for comm_exposed_s (train/perf.py) and, under SCALETRAIN_CHECK_COLLECTIVES=1, every tensor handed to a
-        collective checked (parallel/collective_check.py). Torch's own functions are back on every way out,
-        exception included; a Trainer stepped outside it reports comm_exposed_s 0."""
-        with collective_check.checking(), timing_waits(self.device):
-            yield
+        collective checked (parallel/collective_check.py), and SIGTERM/SIGUSR1 taken over from the end of init()
+        (train/signals.py). Torch's own functions and the previous signal handlers are back on every way out,
+        exception included; a Trainer stepped outside it reports comm_exposed_s 0 and does not catch signals."""
+        self._in_run = True
+        try:
+            with collective_check.checking(), timing_waits(self.device):
+                yield
+        finally:
+            # init() took SIGTERM/SIGUSR1 over; a run that raised before finish() gives them back here.
+            self.stop_signals.uninstall()
+            self._in_run = False
 
     def init(self) -> None:
         """Untimed: threads, mesh, parallelized build, warm-up on synthetic tokens, reset to the cold-start state."""
@@ -196,7 +204,8 @@ class Trainer:
                 sinks=optional_sinks(self.cfg, self.run_dir),
             )
         self.prediction = start_run(self)  # measures the device; rank 0 writes prediction.json
-        self.stop_signals.install()
+        if self._in_run:  # only a run (run_loop, inside running()) saves on a signal; a bare Trainer leaves them be
+            self.stop_signals.install()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         if self.world_size > 1:
