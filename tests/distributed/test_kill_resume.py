@@ -26,6 +26,7 @@ import pytest
 
 from scaletrain.bench.checker import check_log
 from scaletrain.checkpoint import store
+from scaletrain.data.indexed import IndexedDataset, write_indexed
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "kill_resume.py"
@@ -39,6 +40,15 @@ def _load_script():
 
 
 # ------------------------------------------------------------------------------------------------ (a) 20 kills
+def _short_validation_set(corpus, out_dir: Path, tokens: int = 2048) -> Path:
+    """The first `tokens` tokens of the excerpt's validation set (2 evaluation batches instead of 19): every attempt
+    evaluates after every second step, and the full set made the evaluations most of an attempt's training time."""
+    valid = IndexedDataset(corpus.valid_prefix)
+    prefix = out_dir / "valid_short"
+    write_indexed(prefix, [valid.tokens[:tokens].copy()], vocab_size=1024)
+    return prefix
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_twenty_sigkills_including_mid_save_resume_bit_exact(tmp_path, excerpt_corpus):
@@ -55,7 +65,7 @@ def test_twenty_sigkills_including_mid_save_resume_bit_exact(tmp_path, excerpt_c
         rc = kill_resume.main(["--kills", "20", "--seed", str(seed), "--max-steps", "96", "--eval-every", "2",
                                "--workdir", str(workdir), "--json", str(report), "--quiet",
                                "--train-prefix", str(excerpt_corpus.train_prefix),
-                               "--valid-prefix", str(excerpt_corpus.valid_prefix),
+                               "--valid-prefix", str(_short_validation_set(excerpt_corpus, tmp_path)),
                                "--tokenizer", str(excerpt_corpus.tokenizer)])
     finally:
         if rc != 0 and (workdir / "logs").is_dir():

@@ -36,8 +36,11 @@ def _run_script(tmp_path: Path, *args: str, prelude: str = "") -> tuple[subproce
     return proc, json.loads(out.read_text())
 
 
-def test_cpu_smoke_writes_table_json_and_timings(tmp_path):
-    proc, res = _run_script(tmp_path)
+def test_cpu_smoke_writes_table_json_and_timings(tmp_path, excerpt_corpus):
+    # One timed step and repetition per measurement, and a 12-step FP8 check on the excerpt at vocabulary 1024 (not
+    # the default corpus's 8192): CPU FP8 GEMMs run torch's reference loop. Every phase and output is still made.
+    proc, res = _run_script(tmp_path, "--steps", "1", "--reps", "1", "--fp8-check-steps", "12",
+                            "--fp8-check-corpus", str(excerpt_corpus.root))
     assert {"environment", "sdpa", "ceilings", "training", "fp8_check", "layer_timings", "sim", "phase_s",
             "errors", "date", "mode"} <= set(res)
     assert res["mode"] == "cpu-smoke" and not res["errors"]
@@ -52,6 +55,7 @@ def test_cpu_smoke_writes_table_json_and_timings(tmp_path):
         assert any(r["precision"] == "fp8" and r["fp8_linears"] > 0 for r in rows)
         chk = res["fp8_check"]
         assert chk["finite"] and chk["fp8_linears"] > 0 and abs(chk["rel_diff"]) <= chk["tolerance"]
+        assert chk["steps"] == 12 and chk["set"][-1] == "model.vocab_size=1024" and len(chk["losses"]["fp8"]) == 12
     t = res["layer_timings"]
     assert t["format"] == "scaletrain-layer-timings/1" and t["gpu"] is None
     assert t["gemm"] and t["attention"] and t["blocks"] and t["steps"]
@@ -68,7 +72,7 @@ def test_cpu_smoke_writes_table_json_and_timings(tmp_path):
 
 
 def test_cpu_smoke_without_the_fp8_module(tmp_path):
-    _, res = _run_script(tmp_path, "--steps", "1", "--no-fp8-check",
+    _, res = _run_script(tmp_path, "--steps", "1", "--reps", "1", "--no-fp8-check",
                          prelude="sys.modules['scaletrain.model.fp8'] = None")
     env = res["environment"]
     assert env["fp8_module"] is False and "fp8" in env["fp8_error"]
@@ -139,3 +143,16 @@ def test_gpt3_2_7b_preset():
     t = resolve("gpt3-1.3b")
     c = resolve("gpt3-2.7b")
     assert (c.optim, c.train, c.bench) == (t.optim, t.train, t.bench)   # only the model section differs
+
+
+def test_bad_sizes_and_a_missing_fp8_check_corpus_are_one_line_and_exit_2(tmp_path, capsys):
+    import runpy
+    script = runpy.run_path(str(SCRIPT), run_name="gpu_mfu")
+    for argv, what in ((["--fp8-check-corpus", str(tmp_path / "none")], "no complete prepared corpus there"),
+                       (["--fp8-check-steps", "2"], "--fp8-check-steps 2: need at least 4"),
+                       (["--reps", "0"], "--reps 0: need at least 1")):
+        with pytest.raises(SystemExit) as info:
+            script["main"]([*argv, "--out", str(tmp_path / "x.json")])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and what in err.strip().splitlines()[-1], err   # argparse: usage, then one line
+    assert not (tmp_path / "x.json").exists()
