@@ -14,7 +14,8 @@
    `scaletrain sim calibrate --layer-timings FILE`; the script runs that fit and prints the simulator's single-GPU
    prediction (shipped calibration and fitted) beside each measured step.
 
-    python benchmarks/gpu_mfu.py [--quick] [--steps 10] [--compile] [--out FILE] [--cpu-smoke]
+    python benchmarks/gpu_mfu.py [--quick] [--steps 10] [--reps 25] [--compile] [--out FILE] [--cpu-smoke]
+                                 [--no-fp8-check | --fp8-check-steps N --fp8-check-corpus DIR]
 
 Writes FILE (default results/gpu_mfu.json, $OUT/gpu_mfu.json when $OUT is set) and beside it <stem>.layer_timings.json,
 <stem>.catalog.toml and <stem>.efficiency.json (the fit). --cpu-smoke (automatic without CUDA) shrinks every shape
@@ -73,7 +74,8 @@ SMOKE_RUNS += [(n, n, SMALL.format(3, d, 2, 2048).split(), 2, True) for n, d in 
 class Sizes:
     """Every size the modes differ in: GPU mode fills an H200 within ~6 minutes, smoke runs in seconds on 2 cores."""
 
-    def __init__(self, smoke: bool, quick: bool, steps: int | None):
+    def __init__(self, smoke: bool, quick: bool, steps: int | None, check_steps: int | None = None,
+                 reps: int | None = None):
         self.smoke = smoke
         self.gemm_n = 1024 if smoke else 8192
         self.copy_bytes = 256 * 2**20 if smoke else 4 * 2**30      # ~70x the H200's 60 MB L2
@@ -81,10 +83,10 @@ class Sizes:
         self.runs = SMOKE_RUNS if smoke else GPU_RUNS
         self.warmup = 1 if smoke else 3
         self.steps = steps or (2 if smoke else 5 if quick else 10)
-        self.reps = 3 if smoke else 10 if quick else 25             # per GEMM / attention / block timing
+        self.reps = reps or (3 if smoke else 10 if quick else 25)   # per GEMM / attention / block timing
         # FP8-vs-bf16 check: (model overrides on gpt3-125m, micro-batch, steps)
-        self.check = ((["model.n_layers=4", "model.d_model=64", "model.n_heads=2", "model.seq_len=64"], 4, 30)
-                      if smoke else (["model.seq_len=512"], 8, 100 if quick else 300))
+        self.check = ((["model.n_layers=4", "model.d_model=64", "model.n_heads=2", "model.seq_len=64"], 4,
+                       check_steps or 30) if smoke else (["model.seq_len=512"], 8, check_steps or (100 if quick else 300)))
 
 
 # --- timing
@@ -313,15 +315,21 @@ def layer_timings(name, preset, sets, mbs, device, z: Sizes, fp8_ok: bool, fp8_n
 
 
 # --- FP8 check
-def fp8_check(device: torch.device, z: Sizes) -> dict:
+def fp8_check(device: torch.device, z: Sizes, corpus_dir: str | None = None) -> dict:
     """Train gpt3-125m (shape per mode) twice from the same init on the same real batches, bf16 and FP8 (current
-    scaling, first/last block bf16); pass when the mean loss over the last quarter agrees within 2% (relative)."""
+    scaling, first/last block bf16); pass when the mean loss over the last quarter agrees within 2% (relative).
+
+    The data: the prepared corpus directory `corpus_dir` when given (its vocabulary sets the model's), else the
+    default corpus, else the packaged excerpt tokenized at 2048."""
     from scaletrain.config import DataConfig, default_data_dir
-    from scaletrain.data.corpus import default_paths, prepare_excerpt
+    from scaletrain.data.corpus import DefaultCorpus, default_paths, prepare_excerpt
     from scaletrain.data.prepare import load_dataset
     from scaletrain.data.samples import TrainSamples
     sets, mbs, steps = z.check
-    corpus, source = default_paths(default_data_dir(DataConfig())), "default corpus"
+    if corpus_dir:
+        corpus, source = DefaultCorpus.at(Path(corpus_dir)), f"corpus {corpus_dir}"
+    else:
+        corpus, source = default_paths(default_data_dir(DataConfig())), "default corpus"
     if not corpus.exists():
         corpus, source = prepare_excerpt(Path(tempfile.mkdtemp()) / "excerpt", 2048), "packaged excerpt"
     vocab = int(corpus.info()["recipe"]["vocab_size"])
@@ -425,15 +433,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu-smoke", action="store_true", help="shrink every shape (automatic without CUDA)")
     ap.add_argument("--quick", action="store_true", help="fewer timed steps and repetitions, 100-step FP8 check")
     ap.add_argument("--steps", type=int, help="timed optimizer steps per configuration (default 10, quick 5)")
+    ap.add_argument("--reps", type=int, metavar="N",
+                    help="timed repetitions per GEMM, attention and block timing (default 25, quick 10, smoke 3)")
     ap.add_argument("--compile", action="store_true", help="also time bf16 rows with torch.compile per block")
     ap.add_argument("--no-fp8-check", action="store_true", help="skip the FP8-vs-bf16 loss comparison")
+    ap.add_argument("--fp8-check-steps", type=int, metavar="N",
+                    help="steps of each FP8-check run (default 300, quick 100, smoke 30); CPU FP8 GEMMs run torch's "
+                         "reference loop, so the smoke test asks for fewer")
+    ap.add_argument("--fp8-check-corpus", metavar="DIR",
+                    help="a prepared corpus directory (tokenizer, train/valid prefixes, stamp, as `scaletrain data "
+                         "prepare` writes) for the FP8 check instead of the default corpus; its vocabulary sets the "
+                         "model's (the smoke test passes the excerpt at 1024 instead of the default corpus's 8192)")
     ap.add_argument("--sim-gpu", help="catalog GPU for the simulator comparison (default: this GPU; h200 on CPU)")
     ap.add_argument("--out", help="result JSON (default benchmarks/results/gpu_mfu.json, or $OUT/gpu_mfu.json)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     smoke = args.cpu_smoke or device.type == "cpu"
-    z = Sizes(smoke, args.quick, args.steps)
+    for flag, value in (("--steps", args.steps), ("--reps", args.reps)):
+        if value is not None and value < 1:
+            ap.error(f"{flag} {value}: need at least 1")
+    if args.fp8_check_steps is not None and args.fp8_check_steps < 4:
+        ap.error(f"--fp8-check-steps {args.fp8_check_steps}: need at least 4 (the check compares the last quarter)")
+    if args.fp8_check_corpus:
+        from scaletrain.data.corpus import DefaultCorpus
+        if not DefaultCorpus.at(Path(args.fp8_check_corpus)).exists():
+            ap.error(f"--fp8-check-corpus {args.fp8_check_corpus}: no complete prepared corpus there")
+    z = Sizes(smoke, args.quick, args.steps, args.fp8_check_steps, args.reps)
     setup_cpu(0) if device.type == "cpu" else None   # flush-to-zero etc., as the trainer does on CPU
     default = Path(os.environ["OUT"]) if os.environ.get("OUT") else RESULTS
     out = Path(args.out) if args.out else default / ("gpu_mfu_cpu_smoke.json" if smoke else "gpu_mfu.json")
@@ -491,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     res["layer_timings"] = timings
     Path(f"{stem}.layer_timings.json").write_text(json.dumps(timings, indent=2) + "\n")
     if fp8_ok and not args.no_fp8_check:
-        phase("fp8_check", lambda: res.update(fp8_check=fp8_check(device, z)))
+        phase("fp8_check", lambda: res.update(fp8_check=fp8_check(device, z, args.fp8_check_corpus)))
     phase("sim", sim)
     env["clocks_end"] = clocks() if device.type == "cuda" else None
     phase("table", lambda: print_table(res))

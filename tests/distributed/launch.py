@@ -33,7 +33,33 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn, rank, world_size, port, args, queue, crash_dir):
+# The ranks fork from one forkserver that imported torch and the trainer once for the whole session: a spawned rank
+# spent 2-4 s of a 2-core machine importing them, and the distributed tests start over a hundred ranks.
+# $SCALETRAIN_TEST_START_METHOD=spawn starts every rank from scratch instead (to rule the shared imports out).
+PRELOAD = ["torch", "torch.distributed", "scaletrain.parallel.collective_check", "scaletrain.train.engine"]
+START_ENV = "SCALETRAIN_TEST_START_METHOD"
+_context = None
+
+
+def _start_context():
+    """The forkserver context, its server told to preload PRELOAD (it starts with the first group)."""
+    global _context
+    if _context is None:
+        method = os.environ.get(START_ENV, "forkserver")
+        if method not in ("forkserver", "spawn"):
+            raise ValueError(f"${START_ENV}={method!r}: expected 'forkserver' or 'spawn'")
+        _context = mp.get_context(method)
+        if method == "forkserver":
+            _context.set_forkserver_preload(PRELOAD)
+    return _context
+
+
+def _entry(fn, rank, world_size, port, args, queue, crash_dir, environ, cwd):
+    # The caller's environment and directory as they are now, as a spawned process would get them (the
+    # forkserver's are those of the first group's start).
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -125,13 +151,17 @@ def retry_summary(log: str | os.PathLike | None) -> str:
 
 
 def _run_once(fn, world_size: int, *args, timeout: float) -> list:
-    ctx = mp.get_context("spawn")
+    ctx = _start_context()
     queue = ctx.Queue()
     port = _free_port()
     log = os.environ.get(RETRY_LOG_ENV)
     crash_dir = tempfile.mkdtemp(prefix="ranks-", dir=os.path.dirname(log) if log else None)
     procs = [
-        ctx.Process(target=_entry, args=(fn, r, world_size, port, args, queue, crash_dir), daemon=True)
+        ctx.Process(
+            target=_entry,
+            args=(fn, r, world_size, port, args, queue, crash_dir, dict(os.environ), os.getcwd()),
+            daemon=True,
+        )
         for r in range(world_size)
     ]
     for p in procs:

@@ -26,6 +26,7 @@ import pytest
 
 from scaletrain.bench.checker import check_log
 from scaletrain.checkpoint import store
+from scaletrain.data.indexed import IndexedDataset, write_indexed
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "kill_resume.py"
@@ -39,6 +40,15 @@ def _load_script():
 
 
 # ------------------------------------------------------------------------------------------------ (a) 20 kills
+def _short_validation_set(corpus, out_dir: Path, tokens: int = 2048) -> Path:
+    """The first `tokens` tokens of the excerpt's validation set (2 evaluation batches instead of 19): every attempt
+    evaluates after every second step, and the full set made the evaluations most of an attempt's training time."""
+    valid = IndexedDataset(corpus.valid_prefix)
+    prefix = out_dir / "valid_short"
+    write_indexed(prefix, [valid.tokens[:tokens].copy()], vocab_size=1024)
+    return prefix
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_twenty_sigkills_including_mid_save_resume_bit_exact(tmp_path, excerpt_corpus):
@@ -52,11 +62,29 @@ def test_twenty_sigkills_including_mid_save_resume_bit_exact(tmp_path, excerpt_c
     t0 = time.monotonic()
     rc = None
     try:
-        rc = kill_resume.main(["--kills", "20", "--seed", str(seed), "--max-steps", "96", "--eval-every", "2",
-                               "--workdir", str(workdir), "--json", str(report), "--quiet",
-                               "--train-prefix", str(excerpt_corpus.train_prefix),
-                               "--valid-prefix", str(excerpt_corpus.valid_prefix),
-                               "--tokenizer", str(excerpt_corpus.tokenizer)])
+        rc = kill_resume.main(
+            [
+                "--kills",
+                "20",
+                "--seed",
+                str(seed),
+                "--max-steps",
+                "96",
+                "--eval-every",
+                "2",
+                "--workdir",
+                str(workdir),
+                "--json",
+                str(report),
+                "--quiet",
+                "--train-prefix",
+                str(excerpt_corpus.train_prefix),
+                "--valid-prefix",
+                str(_short_validation_set(excerpt_corpus, tmp_path)),
+                "--tokenizer",
+                str(excerpt_corpus.tokenizer),
+            ]
+        )
     finally:
         if rc != 0 and (workdir / "logs").is_dir():
             shutil.copytree(workdir / "logs", tmp_path / "logs")
@@ -82,8 +110,10 @@ def test_twenty_sigkills_including_mid_save_resume_bit_exact(tmp_path, excerpt_c
     assert c["metrics_steps"] == 96 and c["metrics_values_differing"] == 0
     assert c["relogged_steps"] == 0 and c["torn_metrics_lines"] == 0
     assert c["run_start"] == 1 and c["run_stop"] == 1 and c["mllog_checker_ok"]
-    print(f"kill/resume: {elapsed:.0f} s, {summary['kills']} kills ({summary['kills_during_save']} during a save, "
-          f"phases {summary['kills_by_phase']}), resumed from {summary['restarts_resumed_from']}")
+    print(
+        f"kill/resume: {elapsed:.0f} s, {summary['kills']} kills ({summary['kills_during_save']} during a save, "
+        f"phases {summary['kills_by_phase']}), resumed from {summary['restarts_resumed_from']}"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ (b) torchrun
@@ -92,19 +122,50 @@ EVERY = 2  # steps between evaluations (eval_interval_samples 32 / GBS 16), each
 
 
 def _train_args(corpus, run_dir: Path) -> list[str]:
-    sets = [f"data.train_prefix={corpus.train_prefix}", f"data.valid_prefix={corpus.valid_prefix}",
-            f"data.tokenizer={corpus.tokenizer}", "model.vocab_size=1024", "model.n_layers=2", "model.d_model=64",
-            "model.n_heads=2", "model.seq_len=64", "train.global_batch_size=16", "train.micro_batch_size=8",
-            "train.dtype=fp32", "train.threads=2", "optim.lr=2e-3", "optim.warmup_samples=160",
-            "optim.decay_samples=3200", "train.progress=false", "train.eval_interval_samples=32",
-            "train.max_steps=40", f"train.target_eval_loss={TARGET}", "parallel.dp_shard=2",
-            "checkpoint.interval_steps=1", "checkpoint.resume=auto", f"train.run_dir={run_dir}"]
+    sets = [
+        f"data.train_prefix={corpus.train_prefix}",
+        f"data.valid_prefix={corpus.valid_prefix}",
+        f"data.tokenizer={corpus.tokenizer}",
+        "model.vocab_size=1024",
+        "model.n_layers=2",
+        "model.d_model=64",
+        "model.n_heads=2",
+        "model.seq_len=64",
+        "train.global_batch_size=16",
+        "train.micro_batch_size=8",
+        "train.dtype=fp32",
+        "train.threads=2",
+        "optim.lr=2e-3",
+        "optim.warmup_samples=160",
+        "optim.decay_samples=3200",
+        "train.progress=false",
+        "train.eval_interval_samples=32",
+        "train.max_steps=40",
+        f"train.target_eval_loss={TARGET}",
+        "parallel.dp_shard=2",
+        "checkpoint.interval_steps=1",
+        "checkpoint.resume=auto",
+        f"train.run_dir={run_dir}",
+    ]
     return ["train", *[a for s in sets for a in ("--set", s)]]
 
 
 def _torchrun(corpus, run_dir: Path, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "--max-restarts", "3", "--monitor-interval", "0.1", "-m", "scaletrain", *_train_args(corpus, run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "--max-restarts",
+        "3",
+        "--monitor-interval",
+        "0.1",
+        "-m",
+        "scaletrain",
+        *_train_args(corpus, run_dir),
+    ]
     # torchrun's c10d rendezvous shares ONE TCPStore with the workers across restarts, without a per-restart key
     # prefix: a restarted worker can read its peer's gloo address from the previous round and fail with
     # "Connection refused" (pytorch/pytorch#135712). A store per round (hosted by rank 0) avoids the race.
@@ -151,8 +212,9 @@ def _finish(proc: subprocess.Popen, log: Path, timeout: float, started: float) -
                 pass
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        raise AssertionError(f"torchrun still running {time.monotonic() - started:.0f} s after its start:\n"
-                             f"{log.read_text()[-4000:]}") from None
+        raise AssertionError(
+            f"torchrun still running {time.monotonic() - started:.0f} s after its start:\n{log.read_text()[-4000:]}"
+        ) from None
 
 
 def _losses(run_dir: Path) -> tuple[list[dict], dict]:
@@ -241,5 +303,7 @@ def test_torchrun_restarts_a_killed_rank_and_resumes(excerpt_corpus, tmp_path, r
     for name in os.listdir(root):
         if re.fullmatch(r"step_\d{8}", name):
             store.verify(root / name)
-    print(f"torchrun: killed rank {kill_rank} once step {killed_at} was saved; the restarted group resumed from "
-          f"step {resumed_from} and finished {result['status']} at step {result['steps']} in {elapsed:.0f} s")
+    print(
+        f"torchrun: killed rank {kill_rank} once step {killed_at} was saved; the restarted group resumed from "
+        f"step {resumed_from} and finished {result['status']} at step {result['steps']} in {elapsed:.0f} s"
+    )

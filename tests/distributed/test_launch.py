@@ -143,3 +143,15 @@ def test_core_location(tmp_path, monkeypatch, pattern, made, expect):
 def test_core_location_without_core_files(monkeypatch):
     monkeypatch.setattr(resource, "getrlimit", lambda which: (0, resource.RLIM_INFINITY))
     assert core_location(1).startswith("core file: none (RLIMIT_CORE is 0")
+
+
+def _where(rank, world_size):
+    return os.environ.get("SCALETRAIN_TEST_MARK"), os.getcwd()
+
+
+def test_ranks_see_the_callers_environment_and_directory_at_their_start(tmp_path, monkeypatch):
+    # Forked from a forkserver started earlier, a rank would otherwise see the server's environment and directory.
+    run_ranks(_where, 2, timeout=120)
+    monkeypatch.setenv("SCALETRAIN_TEST_MARK", "now")
+    monkeypatch.chdir(tmp_path)
+    assert run_ranks(_where, 2, timeout=120) == [("now", str(tmp_path))] * 2
