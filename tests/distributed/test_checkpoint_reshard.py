@@ -13,8 +13,12 @@ def save_then_continue(rank, world_size, corpus_paths, layout, ckpt_dir):
     """Train FIRST steps, save, train THEN more; returns the THEN losses (the reference continuation)."""
     from scaletrain.config import resolve
     from scaletrain.train.engine import Trainer
-    cfg = resolve("gpt3-proxy", overrides=_overrides(corpus_paths, layout) + [
-        f"train.run_dir={ckpt_dir}/run_save", f"checkpoint.dir={ckpt_dir}"])
+
+    cfg = resolve(
+        "gpt3-proxy",
+        overrides=_overrides(corpus_paths, layout)
+        + [f"train.run_dir={ckpt_dir}/run_save", f"checkpoint.dir={ckpt_dir}"],
+    )
     trainer = Trainer(cfg, cfg.train.run_dir)
     trainer.init()
     for _ in range(FIRST):
@@ -28,8 +32,12 @@ def save_then_continue(rank, world_size, corpus_paths, layout, ckpt_dir):
 def load_and_continue(rank, world_size, corpus_paths, layout, ckpt_dir):
     from scaletrain.config import resolve
     from scaletrain.train.engine import Trainer
-    cfg = resolve("gpt3-proxy", overrides=_overrides(corpus_paths, layout) + [
-        f"train.run_dir={ckpt_dir}/run_load", f"checkpoint.dir={ckpt_dir}", "checkpoint.resume=auto"])
+
+    cfg = resolve(
+        "gpt3-proxy",
+        overrides=_overrides(corpus_paths, layout)
+        + [f"train.run_dir={ckpt_dir}/run_load", f"checkpoint.dir={ckpt_dir}", "checkpoint.resume=auto"],
+    )
     trainer = Trainer(cfg, cfg.train.run_dir)
     trainer.init()
     assert trainer.step == FIRST, trainer.step

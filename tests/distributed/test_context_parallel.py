@@ -60,6 +60,7 @@ def _close(name, got, want, out):
 def _unshard(t, cp_mesh, dim):
     """Gather every CP rank's shard of t and put it back in global order (fails if a position is missing)."""
     import torch.distributed as dist
+
     cp, group = cp_mesh.size(), cp_mesh.get_group()
     parts = [torch.empty_like(t) for _ in range(cp)]
     dist.all_gather(parts, t.contiguous(), group=group)
@@ -73,6 +74,7 @@ def _unshard(t, cp_mesh, dim):
 
 def _attention_check(cp_mesh, seed, out, tag):
     from scaletrain.model.common import causal_attention
+
     cp, rank = cp_mesh.size(), cp_mesh.get_local_rank()
     g = torch.Generator().manual_seed(seed)
     seq = 2 * cp * 5
@@ -108,6 +110,7 @@ def _gloo_contract_check(cp_mesh, out):
             inflight[res.untyped_storage().data_ptr()] = (name, inp, inp._version)
             issued.append(name)
             return res
+
         return call
 
     def wait(t):
@@ -127,16 +130,24 @@ def _gloo_contract_check(cp_mesh, out):
         for n, f in orig.items():
             setattr(ops, n, f)
     problems += [f"{name}: never waited" for name, *_ in inflight.values()]
-    out["gloo_contract"] = (None, {"all_gather_into_tensor", "reduce_scatter_tensor"} <= set(issued)
-                            and not problems)
+    out["gloo_contract"] = (None, {"all_gather_into_tensor", "reduce_scatter_tensor"} <= set(issued) and not problems)
     if problems:  # a worker exception reaches the test with this rank's traceback and the list
         raise AssertionError("CP collectives broke gloo's buffer contract: " + "; ".join(problems))
 
 
 def _tiny_cfg():
     from scaletrain.config import resolve
-    return resolve("gpt3-proxy", overrides=["model.n_layers=2", "model.d_model=64", "model.n_heads=4",
-                                            "model.seq_len=32", "model.vocab_size=300"]).model
+
+    return resolve(
+        "gpt3-proxy",
+        overrides=[
+            "model.n_layers=2",
+            "model.d_model=64",
+            "model.n_heads=4",
+            "model.seq_len=32",
+            "model.vocab_size=300",
+        ],
+    ).model
 
 
 def _model_check(cp_mesh, seed, out, tag):
@@ -144,6 +155,7 @@ def _model_check(cp_mesh, seed, out, tag):
 
     from scaletrain.model.gpt import GPT
     from scaletrain.model.loss import IGNORE_INDEX, loss_sum
+
     cp, rank, group = cp_mesh.size(), cp_mesh.get_local_rank(), cp_mesh.get_group()
     cfg = _tiny_cfg()
     g = torch.Generator().manual_seed(seed)
@@ -179,6 +191,7 @@ def _structure_check(mesh_2x1, cp_mesh, out):
     """cp == 1 leaves the model alone; a pipeline stage without embedding gets cores but no hook."""
     from scaletrain.model.common import causal_attention
     from scaletrain.model.gpt import GPT
+
     model = GPT(_tiny_cfg(), seed=0)
     apply_context_parallel(model, mesh_2x1["cp"])
     untouched = all(b.attn.core is causal_attention for b in model.blocks.values()) and not model._forward_pre_hooks
@@ -192,6 +205,7 @@ def _structure_check(mesh_2x1, cp_mesh, out):
 
 def _two_ranks(rank, world_size):
     from torch.distributed.device_mesh import init_device_mesh
+
     cp_mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("cp",))
     out = {}
     _attention_check(cp_mesh, 0, out, "attn_cp2")
@@ -203,6 +217,7 @@ def _two_ranks(rank, world_size):
 
 def _four_ranks(rank, world_size):
     from torch.distributed.device_mesh import init_device_mesh
+
     out = {}
     _attention_check(init_device_mesh("cpu", (4,), mesh_dim_names=("cp",)), 0, out, "attn_cp4")
     # CP groups {0,1} and {2,3}: group ranks differ from global ranks; each dp replica has its own data.
@@ -215,9 +230,12 @@ def _four_ranks(rank, world_size):
 
 # ---------------------------------------------------------------- tests on ranks
 def _assert_all_ok(results, prefix=""):
-    bad = [f"rank {r}: {name} " + ("check failed" if diff is None else f"max|diff|={diff:.3g}")
-           for r, res in enumerate(results) for name, (diff, ok) in sorted(res.items())
-           if name.startswith(prefix) and not ok]
+    bad = [
+        f"rank {r}: {name} " + ("check failed" if diff is None else f"max|diff|={diff:.3g}")
+        for r, res in enumerate(results)
+        for name, (diff, ok) in sorted(res.items())
+        if name.startswith(prefix) and not ok
+    ]
     checked = [name for name in results[0] if name.startswith(prefix)]
     assert checked, f"no checks named {prefix}*"
     assert not bad, "context parallel differs from the single-process reference:\n" + "\n".join(bad)

@@ -19,17 +19,40 @@ TOL = 1e-5
 MODELS = {
     "deepseek_v3": (
         "deepseek-v3-671b",
-        ["model.n_layers=3", "model.d_model=32", "model.n_heads=4", "model.d_ff=48", "model.moe.n_experts=8",
-         "model.moe.n_groups=4", "model.moe.topk_groups=2", "model.moe.top_k=2", "model.moe.d_ff_expert=16",
-         "model.moe.first_dense=1", "model.mla.q_lora_rank=24", "model.mla.kv_lora_rank=16",
-         "model.mla.qk_nope_head_dim=8", "model.mla.qk_rope_head_dim=4", "model.mla.v_head_dim=8",
-         "model.moe.aux_loss_coef=0.01", "model.moe.bias_update_rate=0.01"],
+        [
+            "model.n_layers=3",
+            "model.d_model=32",
+            "model.n_heads=4",
+            "model.d_ff=48",
+            "model.moe.n_experts=8",
+            "model.moe.n_groups=4",
+            "model.moe.topk_groups=2",
+            "model.moe.top_k=2",
+            "model.moe.d_ff_expert=16",
+            "model.moe.first_dense=1",
+            "model.mla.q_lora_rank=24",
+            "model.mla.kv_lora_rank=16",
+            "model.mla.qk_nope_head_dim=8",
+            "model.mla.qk_rope_head_dim=4",
+            "model.mla.v_head_dim=8",
+            "model.moe.aux_loss_coef=0.01",
+            "model.moe.bias_update_rate=0.01",
+        ],
     ),
     "gpt_oss": (
         "gpt-oss-20b",
-        ["model.n_layers=2", "model.d_model=32", "model.n_heads=4", "model.n_kv_heads=2", "model.head_dim=12",
-         "model.moe.n_experts=4", "model.moe.top_k=2", "model.moe.d_ff_expert=16", "model.sliding_window=4",
-         "model.moe.aux_loss_coef=0.01"],
+        [
+            "model.n_layers=2",
+            "model.d_model=32",
+            "model.n_heads=4",
+            "model.n_kv_heads=2",
+            "model.head_dim=12",
+            "model.moe.n_experts=4",
+            "model.moe.top_k=2",
+            "model.moe.d_ff_expert=16",
+            "model.sliding_window=4",
+            "model.moe.aux_loss_coef=0.01",
+        ],
     ),
 }
 # Forced routing: expert_bias +1e3 on these experts after init (selection only), so every token picks them.
@@ -41,11 +64,26 @@ def _overrides(corpus_paths, model, forced, extra):
     _, arch = MODELS[model]
     top_k = ["model.moe.top_k=1", "model.moe.bias_update_rate=0"] if forced and model == "gpt_oss" else []
     fixed = ["model.moe.bias_update_rate=0"] if forced else []
-    return [f"data.train_prefix={train}", f"data.valid_prefix={valid}", f"data.tokenizer={tok}",
-            *arch, "model.vocab_size=1024", "model.seq_len=16",
-            "train.global_batch_size=16", "train.micro_batch_size=2", "train.dtype=fp32", "train.threads=1",
-            "optim.lr=2e-3", "optim.warmup_samples=32", "optim.decay_samples=3200", "train.progress=false",
-            "optim.grad_clip=1.0", *top_k, *fixed, *extra]
+    return [
+        f"data.train_prefix={train}",
+        f"data.valid_prefix={valid}",
+        f"data.tokenizer={tok}",
+        *arch,
+        "model.vocab_size=1024",
+        "model.seq_len=16",
+        "train.global_batch_size=16",
+        "train.micro_batch_size=2",
+        "train.dtype=fp32",
+        "train.threads=1",
+        "optim.lr=2e-3",
+        "optim.warmup_samples=32",
+        "optim.decay_samples=3200",
+        "train.progress=false",
+        "optim.grad_clip=1.0",
+        *top_k,
+        *fixed,
+        *extra,
+    ]
 
 
 def train(rank, world_size, corpus_paths, run_dir, model, forced, extra, resume_at=0):
@@ -56,6 +94,7 @@ def train(rank, world_size, corpus_paths, run_dir, model, forced, extra, resume_
     from scaletrain.config import resolve
     from scaletrain.model.moe import moe_layers
     from scaletrain.train.engine import Trainer
+
     preset = MODELS[model][0]
     overrides = _overrides(corpus_paths, model, forced, extra) + [f"train.run_dir={run_dir}"]
     trainer = Trainer(resolve(preset, overrides=overrides), run_dir)

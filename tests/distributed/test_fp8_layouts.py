@@ -41,26 +41,50 @@ LORA = ["lora.rank=4", "lora.alpha=8", "lora.dropout=0", "lora.targets=['qkv','p
 
 def _overrides(corpus_paths, extra):
     train, valid, tok = corpus_paths
-    return [f"data.train_prefix={train}", f"data.valid_prefix={valid}", f"data.tokenizer={tok}",
-            "model.arch=llama31", "model.rope_original_seq_len=8",
-            "model.vocab_size=1024", "model.n_layers=4", "model.d_model=64", "model.n_heads=4",
-            "model.n_kv_heads=2", "model.d_ff=128", "model.seq_len=32",
-            "train.global_batch_size=8", "train.micro_batch_size=4", "train.dtype=bf16", "train.threads=1",
-            "optim.lr=2e-3", "optim.warmup_samples=16", "optim.decay_samples=3200", "train.progress=false", *extra]
+    return [
+        f"data.train_prefix={train}",
+        f"data.valid_prefix={valid}",
+        f"data.tokenizer={tok}",
+        "model.arch=llama31",
+        "model.rope_original_seq_len=8",
+        "model.vocab_size=1024",
+        "model.n_layers=4",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.n_kv_heads=2",
+        "model.d_ff=128",
+        "model.seq_len=32",
+        "train.global_batch_size=8",
+        "train.micro_batch_size=4",
+        "train.dtype=bf16",
+        "train.threads=1",
+        "optim.lr=2e-3",
+        "optim.warmup_samples=16",
+        "optim.decay_samples=3200",
+        "train.progress=false",
+        *extra,
+    ]
 
 
 def train_losses(rank, world_size, corpus_paths, extra, run_dir, steps=STEPS):
     """`steps` steps of the tiny Llama under `extra`; losses and what FP8 looks like on this rank."""
     from scaletrain.config import resolve
     from scaletrain.train.engine import Trainer
+
     cfg = resolve("llama-proxy", overrides=_overrides(corpus_paths, extra) + [f"train.run_dir={run_dir}"])
     trainer = Trainer(cfg, run_dir)
     trainer.init()
     start = trainer.step
     records = [trainer.train_step() for _ in range(steps)]
-    info = {"losses": [r["loss"] for r in records], "grad_norm": records[0]["grad_norm"], "start": start,
-            "layout": trainer.layout.describe(), "fp8_linears": [], "fsdp_fp8_weights": 0,
-            "scales_ok": True}
+    info = {
+        "losses": [r["loss"] for r in records],
+        "grad_norm": records[0]["grad_norm"],
+        "start": start,
+        "layout": trainer.layout.describe(),
+        "fp8_linears": [],
+        "fsdp_fp8_weights": 0,
+        "scales_ok": True,
+    }
     if cfg.train.fp8:
         info.update(_fp8_state(trainer.pm.parts[0]))
     if cfg.checkpoint.dir:
@@ -76,6 +100,7 @@ def _fp8_state(model):
     from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
 
     from scaletrain.model.fp8 import float8_linears
+
     names = [n.replace("._checkpoint_wrapped_module", "") for n in float8_linears(model)]
     n_fsdp, ok = 0, True
     for name in float8_linears(model):
@@ -103,16 +128,25 @@ def corpus_paths(excerpt_corpus):
 def references(corpus_paths, tmp_path_factory):
     """One process: FP8 (tensorwise, rowwise) and bf16 (None), plain and with LoRA."""
     runs = [("tensorwise", False), ("tensorwise", True), ("rowwise", False), (None, False), (None, True)]
-    return {(recipe, lora): _run(1, corpus_paths, (["train.fp8=true", f"train.fp8_recipe={recipe}"] if recipe else [])
-                                 + (LORA if lora else []), str(tmp_path_factory.mktemp("ref")))[0]
-            for recipe, lora in runs}
+    return {
+        (recipe, lora): _run(
+            1,
+            corpus_paths,
+            (["train.fp8=true", f"train.fp8_recipe={recipe}"] if recipe else []) + (LORA if lora else []),
+            str(tmp_path_factory.mktemp("ref")),
+        )[0]
+        for recipe, lora in runs
+    }
 
 
 FP8_BLOCKS = [f"blocks.{b}.{leaf}" for b in (1, 2) for leaf in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")]
 LAYOUTS = {  # name: (world size, overrides, FSDP gathers FP8 weights)
     "tp2_sp": (2, ["parallel.tp=2"], False),
-    "tp2_no_sp_selective_ac": (2, ["parallel.tp=2", "parallel.sequence_parallel=false",
-                                   "parallel.activation_checkpoint=selective"], False),
+    "tp2_no_sp_selective_ac": (
+        2,
+        ["parallel.tp=2", "parallel.sequence_parallel=false", "parallel.activation_checkpoint=selective"],
+        False,
+    ),
     "fsdp2": (2, ["parallel.dp_shard=2"], True),
     "tp2_cp2_full_ac": (4, ["parallel.tp=2", "parallel.cp=2", "parallel.activation_checkpoint=full"], True),
     "lora_tp2": (2, ["parallel.tp=2", *LORA], False),
@@ -150,16 +184,24 @@ def test_fp8_layout_matches_one_process_and_tracks_bf16(name, corpus_paths, refe
 def test_fp8_fsdp_checkpoint_resumes_in_one_process(corpus_paths, references, tmp_path):
     """Save under FSDP2 with FP8 all-gather, load into one process: the weights are plain tensors in the checkpoint."""
     import torch
+
     ckpt = tmp_path / "ckpt"
     _run(2, corpus_paths, ["train.fp8=true", "parallel.dp_shard=2", f"checkpoint.dir={ckpt}"], str(tmp_path / "a"))
-    resumed = _run(1, corpus_paths, ["train.fp8=true", f"checkpoint.dir={ckpt}", "checkpoint.resume=auto"],
-                   str(tmp_path / "b"))[0]
+    resumed = _run(
+        1, corpus_paths, ["train.fp8=true", f"checkpoint.dir={ckpt}", "checkpoint.resume=auto"], str(tmp_path / "b")
+    )[0]
     assert resumed["fp8_linears"] == FP8_BLOCKS and resumed["start"] == STEPS
-    assert resumed["losses"][0] < references[("tensorwise", False)]["losses"][0] - 0.05  # it continued the trained weights
+    assert (
+        resumed["losses"][0] < references[("tensorwise", False)]["losses"][0] - 0.05
+    )  # it continued the trained weights
     import torch.distributed.checkpoint as dcp
+
     meta = dcp.FileSystemReader(str(_dcp_dir(ckpt / f"step_{STEPS:08d}"))).read_metadata()  # the FSDP run's
-    dtypes = {k: v.properties.dtype for k, v in meta.state_dict_metadata.items()
-              if "blocks.1.attn.qkv.weight" in k and hasattr(v, "properties")}  # tensors, not pickled bytes
+    dtypes = {
+        k: v.properties.dtype
+        for k, v in meta.state_dict_metadata.items()
+        if "blocks.1.attn.qkv.weight" in k and hasattr(v, "properties")
+    }  # tensors, not pickled bytes
     assert dtypes["model.blocks.1.attn.qkv.weight"] == torch.float32 and set(dtypes.values()) == {torch.float32}
 
 
@@ -174,25 +216,42 @@ if __name__ == "__main__":  # measure the constants above: python3 tests/distrib
     import sys
     import tempfile
     from pathlib import Path
+
     sys.path.insert(0, str(Path(__file__).parent))
     from scaletrain.data.corpus import prepare_excerpt
+
     tmp = Path(tempfile.mkdtemp())
     c = prepare_excerpt(tmp / "corpus", 1024)
     paths = (str(c.train_prefix), str(c.valid_prefix), str(c.tokenizer))
     worst: dict = {}
     for seed in (1234, 1, 2):
         s = [f"train.seed={seed}"]
-        ref = {(recipe, lo): _run(1, paths, s + (["train.fp8=true", f"train.fp8_recipe={recipe}"] if recipe else [])
-                                  + (LORA if lo else []), str(tmp))[0]
-               for recipe, lo in [("tensorwise", False), ("tensorwise", True), ("rowwise", False), (None, False),
-                                  (None, True)]}
+        ref = {
+            (recipe, lo): _run(
+                1,
+                paths,
+                s + (["train.fp8=true", f"train.fp8_recipe={recipe}"] if recipe else []) + (LORA if lo else []),
+                str(tmp),
+            )[0]
+            for recipe, lo in [
+                ("tensorwise", False),
+                ("tensorwise", True),
+                ("rowwise", False),
+                (None, False),
+                (None, True),
+            ]
+        }
         for name, (world, extra, _) in LAYOUTS.items():
             lo = "lora.rank=4" in extra
             one = ref[("rowwise" if "train.fp8_recipe=rowwise" in extra else "tensorwise", lo)]
             worst["gap"] = max(worst.get("gap", 0.0), _max_diff(one["losses"], ref[(None, lo)]["losses"]))
             r = _run(world, paths, s + ["train.fp8=true", *extra], str(tmp))[0]
-            m = {"first": abs(r["losses"][0] - one["losses"][0]), "grad": abs(r["grad_norm"] / one["grad_norm"] - 1),
-                 "parity": _max_diff(r["losses"], one["losses"]), "gap": _max_diff(r["losses"], ref[(None, lo)]["losses"])}
+            m = {
+                "first": abs(r["losses"][0] - one["losses"][0]),
+                "grad": abs(r["grad_norm"] / one["grad_norm"] - 1),
+                "parity": _max_diff(r["losses"], one["losses"]),
+                "gap": _max_diff(r["losses"], ref[(None, lo)]["losses"]),
+            }
             line = f"seed {seed} {name}: " + "  ".join(f"{k} {v:.2e}" for k, v in m.items())
             if name == "tp2_sp":  # how far a layout moves bf16 alone
                 b16 = _run(world, paths, s + extra, str(tmp))[0]["losses"]

@@ -19,25 +19,45 @@ from launch import run_ranks
 
 pytest.importorskip("safetensors")
 
-LLAMA = ["model.vocab_size=250", "model.n_layers=2", "model.d_model=64", "model.n_heads=4", "model.n_kv_heads=2",
-         "model.d_ff=96", "model.seq_len=32"]
+LLAMA = [
+    "model.vocab_size=250",
+    "model.n_layers=2",
+    "model.d_model=64",
+    "model.n_heads=4",
+    "model.n_kv_heads=2",
+    "model.d_ff=96",
+    "model.seq_len=32",
+]
 GPT = ["model.vocab_size=250", "model.n_layers=2", "model.d_model=64", "model.n_heads=4", "model.seq_len=32"]
 MODELS = {"llama": ("llama-proxy", LLAMA), "llama_index": ("llama-proxy", LLAMA), "gpt2": ("gpt3-proxy", GPT)}
 # Activation checkpointing wraps the blocks: the state-dict names change, the loader must see through it.
-LAYOUTS = {"fsdp4": ["parallel.dp_shard=4"],
-           "tp2_fsdp2": ["parallel.dp_shard=2", "parallel.tp=2", "parallel.activation_checkpoint=full"]}
+LAYOUTS = {
+    "fsdp4": ["parallel.dp_shard=4"],
+    "tp2_fsdp2": ["parallel.dp_shard=2", "parallel.tp=2", "parallel.activation_checkpoint=full"],
+}
 
 
 def _cfg(model, layout):
     from scaletrain.config import resolve
+
     preset, extra = MODELS[model]
-    return resolve(preset, overrides=[*extra, *LAYOUTS[layout], "train.dtype=fp32", "train.threads=1",
-                                          "train.global_batch_size=16", "train.micro_batch_size=2"])
+    return resolve(
+        preset,
+        overrides=[
+            *extra,
+            *LAYOUTS[layout],
+            "train.dtype=fp32",
+            "train.threads=1",
+            "train.global_batch_size=16",
+            "train.micro_batch_size=2",
+        ],
+    )
 
 
 def _build(model, layout, world_size):
     from scaletrain.parallel.layout import Layout
     from scaletrain.parallel.parallelize import parallelize
+
     cfg = _cfg(model, layout)
     layout_ = Layout.from_config(cfg, world_size)
     pm, _ = parallelize(cfg, layout_, layout_.build_mesh("cpu"), torch.device("cpu"), seed=11)
@@ -106,12 +126,16 @@ def load_and_export(rank, world_size, dirs, layout, out_root):
         finally:
             safetensors.safe_open = real_open
         _, ref = importer(json.load(open(f"{path}/config.json"))["model_type"])(path)
-        differ = [k for k, v in model_tensors(parts[0])
-                  if not torch.equal(v.full_tensor() if isinstance(v, DTensor) else v, ref[k])]
+        differ = [
+            k
+            for k, v in model_tensors(parts[0])
+            if not torch.equal(v.full_tensor() if isinstance(v, DTensor) else v, ref[k])
+        ]
         # Bytes (fp32 files) of the tensors the layout replicates along a mesh dimension (TP: norms, some biases).
         params = {id(v): v for v in parts[0].parameters()}.values()
-        replicated = sum(v.numel() * 4 for v in params
-                         if isinstance(v, DTensor) and any(p.is_replicate() for p in v.placements))
+        replicated = sum(
+            v.numel() * 4 for v in params if isinstance(v, DTensor) and any(p.is_replicate() for p in v.placements)
+        )
 
         def no_gather(*a, **k):
             raise AssertionError("the sharded export gathered a tensor")
@@ -129,6 +153,7 @@ def load_and_export(rank, world_size, dirs, layout, out_root):
 def _tensor_bytes(path):
     """(bytes, bytes of its largest 1-D slice) per tensor of an HF directory's safetensors."""
     from safetensors import safe_open
+
     out = {}
     for file in path.glob("*.safetensors"):
         with safe_open(str(file), "pt") as f:
@@ -145,6 +170,7 @@ def hf_dirs(tmp_path_factory):
 
     from scaletrain.checkpoint.hf import export_hf
     from scaletrain.model.build import build_model
+
     root = tmp_path_factory.mktemp("hf")
     dirs = {}
     for model in ("llama", "gpt2"):
@@ -160,7 +186,7 @@ def hf_dirs(tmp_path_factory):
     tensors = st.load_file(dirs["llama"] / "model.safetensors")
     names = sorted(tensors)
     weight_map = {}
-    for i, chunk in enumerate((names[: len(names) // 2], names[len(names) // 2:])):
+    for i, chunk in enumerate((names[: len(names) // 2], names[len(names) // 2 :])):
         file = f"model-{i + 1:05d}-of-00002.safetensors"
         st.save_file({n: tensors[n] for n in chunk}, split / file, metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(chunk, file))
@@ -172,11 +198,13 @@ def hf_dirs(tmp_path_factory):
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_each_rank_reads_and_writes_its_quarter(layout, hf_dirs, tmp_path):
     import safetensors.torch as st
+
     transformers = pytest.importorskip("transformers")
 
     world = 4
-    per_rank = run_ranks(load_and_export, world, {k: str(v) for k, v in hf_dirs.items()}, layout, str(tmp_path),
-                         timeout=400)
+    per_rank = run_ranks(
+        load_and_export, world, {k: str(v) for k, v in hf_dirs.items()}, layout, str(tmp_path), timeout=400
+    )
     for model, path in hf_dirs.items():
         sizes = _tensor_bytes(path)
         total = sum(b for b, _ in sizes.values())
@@ -191,8 +219,10 @@ def test_each_rank_reads_and_writes_its_quarter(layout, hf_dirs, tmp_path):
         # the rounding of an uneven split: at most one slice of each tensor.
         bound = (total + (tp - 1) * replicated) / world + sum(one for _, one in sizes.values())
         assert max(read) <= bound, (model, layout, read, bound)
-        print(f"\n{model} {layout}: bytes read per rank {read} of {total} (1/4 = {total / 4:.0f}, "
-              f"bound {math.floor(bound)}); written {written}")
+        print(
+            f"\n{model} {layout}: bytes read per rank {read} of {total} (1/4 = {total / 4:.0f}, "
+            f"bound {math.floor(bound)}); written {written}"
+        )
         # The export: every byte written once, by the rank holding it, and equal to the single-process export.
         assert sum(written) == total and max(written) <= bound, (model, layout, written, total)
         out = tmp_path / f"{model}_{layout}"
@@ -218,10 +248,24 @@ def test_export_under_torchrun_equals_single_process_export(excerpt_corpus, tmp_
     from scaletrain.cli.main import main
     from scaletrain.config import resolve
     from scaletrain.train.engine import Trainer
-    data = [f"data.train_prefix={excerpt_corpus.train_prefix}", f"data.valid_prefix={excerpt_corpus.valid_prefix}",
-            f"data.tokenizer={excerpt_corpus.tokenizer}", "model.vocab_size=1024", "train.progress=false"]
-    cfg = resolve("llama-proxy", overrides=[*LLAMA[1:], *data, "train.global_batch_size=4",
-                                            "train.micro_batch_size=2", f"train.run_dir={tmp_path / 'run'}"])
+
+    data = [
+        f"data.train_prefix={excerpt_corpus.train_prefix}",
+        f"data.valid_prefix={excerpt_corpus.valid_prefix}",
+        f"data.tokenizer={excerpt_corpus.tokenizer}",
+        "model.vocab_size=1024",
+        "train.progress=false",
+    ]
+    cfg = resolve(
+        "llama-proxy",
+        overrides=[
+            *LLAMA[1:],
+            *data,
+            "train.global_batch_size=4",
+            "train.micro_batch_size=2",
+            f"train.run_dir={tmp_path / 'run'}",
+        ],
+    )
     trainer = Trainer(cfg, cfg.train.run_dir)
     trainer.init()
     trainer.train_step()
@@ -230,17 +274,37 @@ def test_export_under_torchrun_equals_single_process_export(excerpt_corpus, tmp_
     assert main(["export", str(tmp_path / "run"), "--hf", str(tmp_path / "one")]) == 0
 
     def torchrun(out):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               "-m", "scaletrain", "export", str(tmp_path / "run"), "--hf", str(out)]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "scaletrain",
+            "export",
+            str(tmp_path / "run"),
+            "--hf",
+            str(out),
+        ]
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
 
     proc = torchrun(tmp_path / "two")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("-> ") == 1 and "LlamaForCausalLM.from_pretrained" in proc.stdout  # rank 0 reports
     files = sorted(p.name for p in (tmp_path / "two").iterdir())
-    assert files == ["config.json", "generation_config.json", "model-00001-of-00002.safetensors",
-                     "model-00002-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json",
-                     "tokenizer_config.json"]
+    assert files == [
+        "config.json",
+        "generation_config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):  # rank 0 wrote the same
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
     one = st.load_file(tmp_path / "one" / "model.safetensors")

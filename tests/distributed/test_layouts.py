@@ -16,17 +16,33 @@ TOL = 1e-5
 
 def _overrides(corpus_paths, extra):
     train, valid, tok = corpus_paths
-    return [f"data.train_prefix={train}", f"data.valid_prefix={valid}", f"data.tokenizer={tok}",
-            "model.vocab_size=1024", "model.n_layers=4", "model.d_model=64", "model.n_heads=4", "model.seq_len=32",
-            "train.global_batch_size=16", "train.micro_batch_size=4", "train.dtype=fp32", "train.threads=1",
-            "optim.lr=2e-3", "optim.warmup_samples=64", "optim.decay_samples=3200", "train.progress=false",
-            "optim.grad_clip=0.05", *extra]
+    return [
+        f"data.train_prefix={train}",
+        f"data.valid_prefix={valid}",
+        f"data.tokenizer={tok}",
+        "model.vocab_size=1024",
+        "model.n_layers=4",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.seq_len=32",
+        "train.global_batch_size=16",
+        "train.micro_batch_size=4",
+        "train.dtype=fp32",
+        "train.threads=1",
+        "optim.lr=2e-3",
+        "optim.warmup_samples=64",
+        "optim.decay_samples=3200",
+        "train.progress=false",
+        "optim.grad_clip=0.05",
+        *extra,
+    ]
 
 
 def train_losses(rank, world_size, corpus_paths, extra, run_dir, steps=STEPS):
     """Run `steps` steps (+ one evaluation) of the tiny model under the layout in `extra`; losses per step."""
     from scaletrain.config import resolve
     from scaletrain.train.engine import Trainer
+
     cfg = resolve("gpt3-proxy", overrides=_overrides(corpus_paths, extra) + [f"train.run_dir={run_dir}"])
     trainer = Trainer(cfg, run_dir)
     with trainer.running():  # times the collective waits (comm_exposed_s), as run_loop does
@@ -37,8 +53,13 @@ def train_losses(rank, world_size, corpus_paths, extra, run_dir, steps=STEPS):
     losses = [r["loss"] for r in out]
     norms = [r["grad_norm"] for r in out]
     comm = [r["comm_exposed_s"] for r in out]
-    return {"losses": losses, "grad_norms": norms, "eval": eval_loss, "layout": trainer.layout.describe(),
-            "comm_exposed_s": comm}
+    return {
+        "losses": losses,
+        "grad_norms": norms,
+        "eval": eval_loss,
+        "layout": trainer.layout.describe(),
+        "comm_exposed_s": comm,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +75,11 @@ def reference(corpus_paths, tmp_path_factory):
 def _compare(ref, got, what):
     bad = [(i + 1, a, b) for i, (a, b) in enumerate(zip(ref["losses"], got["losses"])) if abs(a - b) > TOL]
     assert not bad, f"{what} ({got['layout']}): loss differs at (step, single, layout) {bad[:5]}"
-    bad = [(i + 1, a, b) for i, (a, b) in enumerate(zip(ref["grad_norms"], got["grad_norms"]))
-           if abs(a - b) > 1e-4 * max(1.0, a)]
+    bad = [
+        (i + 1, a, b)
+        for i, (a, b) in enumerate(zip(ref["grad_norms"], got["grad_norms"]))
+        if abs(a - b) > 1e-4 * max(1.0, a)
+    ]
     assert not bad, f"{what} ({got['layout']}): grad norm differs at (step, single, layout) {bad[:5]}"
     assert abs(ref["eval"] - got["eval"]) < TOL, f"{what}: eval loss {got['eval']} vs {ref['eval']}"
 
@@ -75,8 +99,12 @@ LAYOUTS_4 = {
     "fsdp_tp": ["parallel.dp_shard=2", "parallel.tp=2"],
     "tp_pp": ["parallel.tp=2", "parallel.pp=2"],
     "hsdp_selective_ac": ["parallel.dp_replicate=2", "parallel.dp_shard=2", "parallel.activation_checkpoint=selective"],
-    "fsdp_pp_interleaved": ["parallel.dp_shard=2", "parallel.pp=2", "parallel.pp_virtual=2",
-                            "parallel.pp_schedule=interleaved_1f1b"],
+    "fsdp_pp_interleaved": [
+        "parallel.dp_shard=2",
+        "parallel.pp=2",
+        "parallel.pp_virtual=2",
+        "parallel.pp_schedule=interleaved_1f1b",
+    ],
     "cp_tp": ["parallel.cp=2", "parallel.tp=2"],
 }
 
@@ -100,7 +128,12 @@ def test_four_rank_layout_matches_single_process(name, corpus_paths, reference, 
 
 
 def test_eight_rank_fsdp_tp_interleaved_pp_matches_single_process(corpus_paths, reference, tmp_path):
-    layout = ["parallel.dp_shard=2", "parallel.tp=2", "parallel.pp=2", "parallel.pp_virtual=2",
-              "parallel.pp_schedule=interleaved_1f1b"]
+    layout = [
+        "parallel.dp_shard=2",
+        "parallel.tp=2",
+        "parallel.pp=2",
+        "parallel.pp_virtual=2",
+        "parallel.pp_schedule=interleaved_1f1b",
+    ]
     for r in run_ranks(train_losses, 8, corpus_paths, layout, str(tmp_path), timeout=600):
         _compare(reference, r, "fsdp_tp_pp")

@@ -19,27 +19,49 @@ TOL = 1e-5
 
 def _overrides(corpus_paths, extra):
     train, valid, tok = corpus_paths
-    return [f"data.train_prefix={train}", f"data.valid_prefix={valid}", f"data.tokenizer={tok}",
-            "model.arch=llama31", "model.rope_original_seq_len=8",
-            "model.vocab_size=1024", "model.n_layers=2", "model.d_model=64", "model.n_heads=4",
-            "model.n_kv_heads=2", "model.d_ff=128", "model.seq_len=32",
-            "train.global_batch_size=16", "train.micro_batch_size=4", "train.dtype=fp32", "train.threads=1",
-            "optim.lr=2e-3", "optim.warmup_samples=64", "optim.decay_samples=3200", "train.progress=false",
-            "optim.grad_clip=0.05", *extra]
+    return [
+        f"data.train_prefix={train}",
+        f"data.valid_prefix={valid}",
+        f"data.tokenizer={tok}",
+        "model.arch=llama31",
+        "model.rope_original_seq_len=8",
+        "model.vocab_size=1024",
+        "model.n_layers=2",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.n_kv_heads=2",
+        "model.d_ff=128",
+        "model.seq_len=32",
+        "train.global_batch_size=16",
+        "train.micro_batch_size=4",
+        "train.dtype=fp32",
+        "train.threads=1",
+        "optim.lr=2e-3",
+        "optim.warmup_samples=64",
+        "optim.decay_samples=3200",
+        "train.progress=false",
+        "optim.grad_clip=0.05",
+        *extra,
+    ]
 
 
 def train_losses(rank, world_size, corpus_paths, extra, run_dir, steps=STEPS):
     """Run `steps` steps (+ one evaluation) of the tiny Llama under the layout in `extra`."""
     from scaletrain.config import resolve
     from scaletrain.train.engine import Trainer
+
     cfg = resolve("llama-proxy", overrides=_overrides(corpus_paths, extra) + [f"train.run_dir={run_dir}"])
     trainer = Trainer(cfg, run_dir)
     trainer.init()
     out = [trainer.train_step() for _ in range(steps)]
     eval_loss = trainer.evaluate()
     trainer.finish({})
-    return {"losses": [r["loss"] for r in out], "grad_norms": [r["grad_norm"] for r in out], "eval": eval_loss,
-            "layout": trainer.layout.describe()}
+    return {
+        "losses": [r["loss"] for r in out],
+        "grad_norms": [r["grad_norm"] for r in out],
+        "eval": eval_loss,
+        "layout": trainer.layout.describe(),
+    }
 
 
 @pytest.fixture(scope="module")

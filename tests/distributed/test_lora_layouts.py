@@ -15,12 +15,30 @@ TOL = 1e-5
 
 def _overrides(corpus_paths, extra):
     train, valid, tok = corpus_paths
-    return [f"data.train_prefix={train}", f"data.valid_prefix={valid}", f"data.tokenizer={tok}",
-            "model.vocab_size=1024", "model.n_layers=2", "model.d_model=64", "model.n_heads=4", "model.seq_len=32",
-            "train.global_batch_size=16", "train.micro_batch_size=4", "train.dtype=fp32", "train.threads=1",
-            "optim.lr=3e-3", "optim.warmup_samples=32", "optim.decay_samples=3200", "train.progress=false",
-            "optim.grad_clip=0.05", "lora.rank=4", "lora.alpha=8", "lora.dropout=0",
-            "lora.targets=['qkv','proj','fc1','fc2']", *extra]
+    return [
+        f"data.train_prefix={train}",
+        f"data.valid_prefix={valid}",
+        f"data.tokenizer={tok}",
+        "model.vocab_size=1024",
+        "model.n_layers=2",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.seq_len=32",
+        "train.global_batch_size=16",
+        "train.micro_batch_size=4",
+        "train.dtype=fp32",
+        "train.threads=1",
+        "optim.lr=3e-3",
+        "optim.warmup_samples=32",
+        "optim.decay_samples=3200",
+        "train.progress=false",
+        "optim.grad_clip=0.05",
+        "lora.rank=4",
+        "lora.alpha=8",
+        "lora.dropout=0",
+        "lora.targets=['qkv','proj','fc1','fc2']",
+        *extra,
+    ]
 
 
 def lora_run(rank, world_size, corpus_paths, extra, run_dir, steps=STEPS):
@@ -30,6 +48,7 @@ def lora_run(rank, world_size, corpus_paths, extra, run_dir, steps=STEPS):
     from scaletrain.config import resolve
     from scaletrain.model.lora import is_lora_param
     from scaletrain.train.engine import Trainer
+
     cfg = resolve("gpt3-proxy", overrides=_overrides(corpus_paths, extra) + [f"train.run_dir={run_dir}"])
     trainer = Trainer(cfg, run_dir)
     trainer.init()
@@ -42,12 +61,22 @@ def lora_run(rank, world_size, corpus_paths, extra, run_dir, steps=STEPS):
     for n, p in model.named_parameters():
         if is_lora_param(n) and hasattr(p, "placements") and all(pl.is_replicate() for pl in p.placements):
             replicated[n] = p.to_local().detach().double().sum().item()
-    b_moved = max(float((p.full_tensor() if hasattr(p, "full_tensor") else p).detach().abs().max())
-                  for n, p in model.named_parameters() if n.endswith("lora_b"))
+    b_moved = max(
+        float((p.full_tensor() if hasattr(p, "full_tensor") else p).detach().abs().max())
+        for n, p in model.named_parameters()
+        if n.endswith("lora_b")
+    )
     trainer.finish({})
-    return {"losses": [r["loss"] for r in out], "grad_norms": [r["grad_norm"] for r in out], "eval": eval_loss,
-            "layout": trainer.layout.describe(), "trainable": trainable, "replicated": replicated,
-            "b_moved": b_moved, "dtype": str(torch.get_default_dtype())}
+    return {
+        "losses": [r["loss"] for r in out],
+        "grad_norms": [r["grad_norm"] for r in out],
+        "eval": eval_loss,
+        "layout": trainer.layout.describe(),
+        "trainable": trainable,
+        "replicated": replicated,
+        "b_moved": b_moved,
+        "dtype": str(torch.get_default_dtype()),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +119,6 @@ def test_lora_layout_matches_single_process(name, corpus_paths, reference, tmp_p
 
 def test_tp_dropout_keeps_replicated_adapters_in_sync(corpus_paths, tmp_path):
     # With dropout, the replicated input of a column-parallel adapter must be masked alike on both TP ranks.
-    results = run_ranks(lora_run, 2, corpus_paths, ["parallel.tp=2", "lora.dropout=0.1"], str(tmp_path), 4,
-                        timeout=120)
+    results = run_ranks(lora_run, 2, corpus_paths, ["parallel.tp=2", "lora.dropout=0.1"], str(tmp_path), 4, timeout=120)
     assert results[0]["replicated"] and results[0]["replicated"] == results[1]["replicated"]
     assert results[0]["losses"] == results[1]["losses"]

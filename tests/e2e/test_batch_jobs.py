@@ -32,8 +32,15 @@ def cli_args(corpus, run_dir, *extra, progress=False):
     sets = [*tiny_overrides(corpus), "train.target_eval_loss=0.1", *RUN, f"train.run_dir={run_dir}", *extra]
     if progress:
         sets.remove("train.progress=false")
-    return [sys.executable, "-m", "scaletrain", "train", "--preset", "gpt3-proxy",
-            *[a for s in sets for a in ("--set", s)]]
+    return [
+        sys.executable,
+        "-m",
+        "scaletrain",
+        "train",
+        "--preset",
+        "gpt3-proxy",
+        *[a for s in sets for a in ("--set", s)],
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +91,14 @@ def _assert_stopped_cleanly(run, step, signum):
 
 
 # ------------------------------------------------------------------------------------------------ in process
-@pytest.mark.parametrize("signum,step,periodic", [(signal.SIGTERM, 7, 1), (signal.SIGUSR1, 10, 0)],
-                         ids=["sigterm-mid-block", "sigusr1-last-step-of-block-no-periodic-checkpoints"])
-def test_signal_saves_the_step_and_resume_continues_the_block(excerpt_corpus, tmp_path, monkeypatch, reference,
-                                                              signum, step, periodic):
+@pytest.mark.parametrize(
+    "signum,step,periodic",
+    [(signal.SIGTERM, 7, 1), (signal.SIGUSR1, 10, 0)],
+    ids=["sigterm-mid-block", "sigusr1-last-step-of-block-no-periodic-checkpoints"],
+)
+def test_signal_saves_the_step_and_resume_continues_the_block(
+    excerpt_corpus, tmp_path, monkeypatch, reference, signum, step, periodic
+):
     run = tmp_path / "run"
     ckpt = f"checkpoint.interval_steps={periodic}"  # 0: the signal saves even when no periodic save is asked for
     real = Trainer.train_step
@@ -155,10 +166,13 @@ def test_signal_to_the_train_command_exits_resumable(excerpt_corpus, tmp_path, r
     assert [int(line.split()[1].split("/")[0]) for line in train_lines] == list(range(first, 41, 2))
     assert [int(line.split()[1].split("/")[0]) for line in eval_lines] == [s for s in (10, 20, 30, 40) if s > step]
     for line in train_lines:
-        assert re.fullmatch(r"step: \d+/<=40  loss: \d+\.\d{4}  lr: \d\.\d\de-\d\d  grad_norm: \d+\.\d{4}  "
-                            r"tok/s: [\d,]+  memory: \d+\.\d\d GiB peak RSS"
-                            r"(  eta: (~\d+:\d\d:\d\d to the target \(step ~\d+\), )?<=\d+:\d\d:\d\d to step 40 "
-                            r"\(step budget\))?", line), line
+        assert re.fullmatch(
+            r"step: \d+/<=40  loss: \d+\.\d{4}  lr: \d\.\d\de-\d\d  grad_norm: \d+\.\d{4}  "
+            r"tok/s: [\d,]+  memory: \d+\.\d\d GiB peak RSS"
+            r"(  eta: (~\d+:\d\d:\d\d to the target \(step ~\d+\), )?<=\d+:\d\d:\d\d to step 40 "
+            r"\(step budget\))?",
+            line,
+        ), line
         assert ("eta:" in line) == (not line.startswith("step: 40/"))  # no peak FLOP/s for a CPU: no mfu
     for line in eval_lines:
         assert re.fullmatch(r"step: \d0/<=40  eval_loss: \d+\.\d{4}  target: 0\.1", line), line

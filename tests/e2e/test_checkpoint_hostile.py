@@ -73,7 +73,9 @@ def test_bit_flip_is_detected_and_auto_falls_back(excerpt_corpus, run_copy, caps
     assert _finder(excerpt_corpus, run_copy).find("auto") == _ckpt(run_copy, 2)
     assert "skipping damaged checkpoint" in capsys.readouterr().err
     # Moved aside, not deleted and not in the way of the next save of step 4.
-    assert not _ckpt(run_copy, 4).exists() and len(list((run_copy / "checkpoints").glob("step_00000004.damaged-*"))) == 1
+    assert (
+        not _ckpt(run_copy, 4).exists() and len(list((run_copy / "checkpoints").glob("step_00000004.damaged-*"))) == 1
+    )
 
 
 def test_missing_shard_names_the_file(excerpt_corpus, run_copy):
@@ -84,16 +86,18 @@ def test_missing_shard_names_the_file(excerpt_corpus, run_copy):
     assert shard.name in str(err.value) and "missing" in str(err.value)
 
 
-@pytest.mark.parametrize("override,needle", [
-    ("model.d_model=128", "has shape"),
-    ("model.vocab_multiple=1000", "embed.tok.weight has shape"),  # padded vocabulary 2000 rows
-    # One tensor count more or less is named with both counts (a 3-layer checkpoint into 2 layers: test below).
-    ("model.n_layers=3", "the checkpoint's model has 29 tensors, the model being built has 41 (e.g. 'blocks.2."),
-])
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("model.d_model=128", "has shape"),
+        ("model.vocab_multiple=1000", "embed.tok.weight has shape"),  # padded vocabulary 2000 rows
+        # One tensor count more or less is named with both counts (a 3-layer checkpoint into 2 layers: test below).
+        ("model.n_layers=3", "the checkpoint's model has 29 tensors, the model being built has 41 (e.g. 'blocks.2."),
+    ],
+)
 def test_checkpoint_of_another_model_is_refused(excerpt_corpus, run_copy, override, needle):
     before = _snapshot(run_copy)
-    cfg = tiny_config(excerpt_corpus, run_copy / "other", override,
-                      f"checkpoint.resume={_ckpt(run_copy, 4)}")
+    cfg = tiny_config(excerpt_corpus, run_copy / "other", override, f"checkpoint.resume={_ckpt(run_copy, 4)}")
     trainer = Trainer(cfg, run_copy / "other")
     with pytest.raises(CheckpointError) as err:
         trainer.init()
@@ -111,6 +115,7 @@ def test_full_disk_during_save_keeps_earlier_checkpoints(excerpt_corpus, run_cop
 
     def no_space(self, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
+
     monkeypatch.setattr(FileSystemWriter, "write_data", no_space)
     with pytest.raises(DiskFullError) as err:
         trainer.save_checkpoint({})
@@ -135,10 +140,13 @@ def test_tampered_metadata_is_never_unpickled(excerpt_corpus, run_copy, tmp_path
     class Touch:
         def __reduce__(self):
             return (open, (str(marker), "w"))
+
     (ckpt / ".metadata").write_bytes(pickle.dumps(Touch()))
     manifest = json.loads((ckpt / "manifest.json").read_text())  # an attacker can fix the manifest too
-    manifest["files"][".metadata"] = {"bytes": (ckpt / ".metadata").stat().st_size,
-                                      "sha256": sha256(ckpt / ".metadata")}
+    manifest["files"][".metadata"] = {
+        "bytes": (ckpt / ".metadata").stat().st_size,
+        "sha256": sha256(ckpt / ".metadata"),
+    }
     (ckpt / "manifest.json").write_text(json.dumps(manifest))
     cfg = tiny_config(excerpt_corpus, run_copy / "x", f"checkpoint.resume={ckpt}")
     trainer = Trainer(cfg, run_copy / "x")
@@ -149,6 +157,7 @@ def test_tampered_metadata_is_never_unpickled(excerpt_corpus, run_copy, tmp_path
 
 def test_cli_resume_errors_are_one_line(excerpt_corpus, run_copy, tmp_path, capsys):
     from test_train_e2e import tiny_overrides
+
     over = [a for o in tiny_overrides(excerpt_corpus) for a in ("--set", o)]
     code = main(["train", "--resume", str(tmp_path / "nope"), "--set", f"train.run_dir={tmp_path}/r", *over])
     err = capsys.readouterr().err.strip()
@@ -158,6 +167,7 @@ def test_cli_resume_errors_are_one_line(excerpt_corpus, run_copy, tmp_path, caps
 def test_export_cli_writes_a_transformers_model(excerpt_corpus, saved, tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
     from scaletrain.checkpoint.init_from import load_full_model
+
     assert main(["export", str(saved), "--hf", str(tmp_path / "hf")]) == 0
     _, ours = load_full_model(_ckpt(saved, 4))
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
@@ -170,6 +180,7 @@ def test_nan_loss_aborts_and_leaves_checkpoints_intact(excerpt_corpus, tmp_path,
     import math
 
     from scaletrain.bench.harness import run_once
+
     run = tmp_path / "run"
     cfg = tiny_config(excerpt_corpus, run, "checkpoint.interval_steps=1", "checkpoint.keep=0")
     real = Trainer._forward_backward
@@ -177,6 +188,7 @@ def test_nan_loss_aborts_and_leaves_checkpoints_intact(excerpt_corpus, tmp_path,
     def poisoned(self, batches):
         value = real(self, batches)
         return math.inf if self.step == 15 else value
+
     monkeypatch.setattr(Trainer, "_forward_backward", poisoned)
     result = run_once(cfg, Trainer(cfg, run), run)
     assert result["status"] == "aborted" and "step 16" in result["reason"]
@@ -225,14 +237,22 @@ def test_checkpoint_with_more_tensors_is_refused(excerpt_corpus, tmp_path):
 
 
 def test_changed_batch_size_seed_and_dtype_warn(excerpt_corpus, run_copy, capsys):
-    cfg = tiny_config(excerpt_corpus, run_copy / "x", f"checkpoint.resume={_ckpt(run_copy, 4)}", "train.seed=7",
-                      "train.global_batch_size=32", "train.dtype=bf16")
+    cfg = tiny_config(
+        excerpt_corpus,
+        run_copy / "x",
+        f"checkpoint.resume={_ckpt(run_copy, 4)}",
+        "train.seed=7",
+        "train.global_batch_size=32",
+        "train.dtype=bf16",
+    )
     trainer = Trainer(cfg, run_copy / "x")
     trainer.init()
     assert trainer.step == 4
     lines = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert lines == [f"scaletrain: warning: resuming {_ckpt(run_copy, 4)} with changed settings: "
-                     "train.global_batch_size 16 -> 32, train.seed 1234 -> 7, train.dtype fp32 -> bf16"]
+    assert lines == [
+        f"scaletrain: warning: resuming {_ckpt(run_copy, 4)} with changed settings: "
+        "train.global_batch_size 16 -> 32, train.seed 1234 -> 7, train.dtype fp32 -> bf16"
+    ]
 
 
 def test_size_verification_misses_flipped_bytes_only_sha256_catches_them(excerpt_corpus, run_copy):
@@ -250,6 +270,7 @@ def test_non_finite_loss_after_a_resume_names_the_checkpoint(excerpt_corpus, tmp
     import math
 
     from scaletrain.bench.harness import run_once
+
     run = tmp_path / "run"
     # A 10-step run (its final checkpoint at step 10) resumed with one more step of budget.
     cfg = tiny_config(excerpt_corpus, run, "checkpoint.interval_steps=1", "train.max_steps=10")
@@ -259,6 +280,7 @@ def test_non_finite_loss_after_a_resume_names_the_checkpoint(excerpt_corpus, tmp
     def poisoned(self, batches):
         value = real(self, batches)
         return math.nan if self.step == 10 else value
+
     monkeypatch.setattr(Trainer, "_forward_backward", poisoned)
     cfg = tiny_config(excerpt_corpus, run, "checkpoint.resume=auto", "checkpoint.verify=size", "train.max_steps=11")
     result = run_once(cfg, Trainer(cfg, run), run)
@@ -293,10 +315,12 @@ def test_file_size_limit_during_save_names_efbig_and_keeps_earlier(excerpt_corpu
     import sys
 
     from test_train_e2e import tiny_overrides
+
     run = tmp_path / "run"
     over = [*tiny_overrides(excerpt_corpus), f"train.run_dir={run}"]
-    proc = subprocess.run([sys.executable, "-c", _FSIZE_SCRIPT, str(run), *over], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _FSIZE_SCRIPT, str(run), *over], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 3, proc.stderr[-2000:]
     # Off a terminal the trainer's own log lines (step: ...) come first; the error is the script's last line.
     *log_lines, msg = proc.stdout.strip().splitlines()

@@ -29,6 +29,7 @@ def _run(corpus, run_dir, *extra, crash_at=None, monkeypatch=None):
             if self.step == crash_at:
                 raise Crash(f"simulated crash at step {crash_at}")
             return real(self)
+
         monkeypatch.setattr(Trainer, "train_step", crashing)
     try:
         return run_once(cfg, trainer, run_dir), cfg
@@ -66,6 +67,7 @@ def test_crash_and_resume_is_bit_exact_and_log_stays_valid(excerpt_corpus, tmp_p
 def test_resume_explicit_checkpoint_into_a_new_run_directory(excerpt_corpus, tmp_path, monkeypatch, capsys):
     """The new run directory's MLLOG continues the saved run's (copied up to the checkpoint): one run_start."""
     from scaletrain.checkpoint.store import CheckpointError
+
     run = tmp_path / "run"
     with pytest.raises(Crash):
         _run(excerpt_corpus, run, crash_at=15, monkeypatch=monkeypatch)

@@ -32,6 +32,7 @@ STEP = 10  # the checkpoint: saved after the first evaluation; the run's budget 
 def saved(excerpt_corpus, tmp_path_factory):
     """A benchmark run directory (MLLOG, loop state) with one complete checkpoint at step 10."""
     from scaletrain.bench.harness import run_once
+
     run = tmp_path_factory.mktemp("untrusted") / "run"
     cfg = tiny_config(excerpt_corpus, run, "checkpoint.interval_steps=1", f"train.max_steps={STEP + 1}")
     run_once(cfg, Trainer(cfg, run), run)
@@ -66,11 +67,22 @@ def dotted_name_pickle(command: str) -> bytes:
 
     The module passes a prefix check; the dotted name is resolved attribute by attribute to os.system.
     """
+
     def text(s):
         b = s.encode()
         return pickle.SHORT_BINUNICODE + bytes([len(b)]) + b
-    return (pickle.PROTO + b"\x04" + text("torch.distributed.checkpoint.filesystem") + text("os.system")
-            + pickle.STACK_GLOBAL + text(command) + pickle.TUPLE1 + pickle.REDUCE + pickle.STOP)
+
+    return (
+        pickle.PROTO
+        + b"\x04"
+        + text("torch.distributed.checkpoint.filesystem")
+        + text("os.system")
+        + pickle.STACK_GLOBAL
+        + text(command)
+        + pickle.TUPLE1
+        + pickle.REDUCE
+        + pickle.STOP
+    )
 
 
 def _torch_bytes(obj) -> bytes:
@@ -87,6 +99,7 @@ def _metadata_payload(ckpt, marker):
 def _byte_io_payload(ckpt, marker):
     """Replace the optimizer's first non-tensor entry (a param_groups value) in its shard with a payload."""
     from scaletrain.checkpoint.safe_load import read_metadata
+
     md = read_metadata(ckpt)
     key = next(k for k, v in md.state_dict_metadata.items() if type(v).__name__ == "BytesStorageMetadata")
     index = next(i for i in md.storage_data if i.fqn == key)
@@ -110,6 +123,7 @@ def _trainer_payload(text):
     def build(ckpt, marker):
         (ckpt / "trainer.json").write_text(text)
         _rehash(ckpt, "trainer.json")
+
     return build
 
 
@@ -124,6 +138,7 @@ def _loop_payload(ckpt, marker):
 def _manifest_payload(text):
     def build(ckpt, marker):
         (ckpt / "manifest.json").write_text(text)
+
     return build
 
 
@@ -134,20 +149,30 @@ PAYLOADS = {
     "rng_full_pickle": (_rng_payload, "rng_rank0.pt", ("init_from", "export")),
     "trainer_not_json": (_trainer_payload("{'step': 1"), "trainer.json", ()),
     "trainer_bad_types": (_trainer_payload('{"step": "1", "config": []}'), "trainer.json", ()),
-    "trainer_missing_harness_keys": (_trainer_payload('{"step": 1, "config": {}, "harness": {"steps": 1}}'),
-                                     "trainer.json", ()),
+    "trainer_missing_harness_keys": (
+        _trainer_payload('{"step": 1, "config": {}, "harness": {"steps": 1}}'),
+        "trainer.json",
+        (),
+    ),
     "trainer_bad_loop_state": (_loop_payload, "trainer.json", ("init_from", "export")),
     "manifest_not_json": (_manifest_payload("\x00garbage"), "manifest.json", ()),
-    "manifest_path_escape": (_manifest_payload('{"files": {"../../x": {"bytes": 1, "sha256": "00"}}}'),
-                             "manifest.json", ()),
+    "manifest_path_escape": (
+        _manifest_payload('{"files": {"../../x": {"bytes": 1, "sha256": "00"}}}'),
+        "manifest.json",
+        (),
+    ),
 }
 LOADERS = ("resume", "resume_auto", "init_from", "export")
 
 
 def _load(loader, corpus, run, ckpt, tmp_path):
     steps = 1 if loader == "init_from" else STEP + 1  # where a load succeeds, train as little as possible
-    over = [a for o in tiny_overrides(corpus) + [f"train.max_steps={steps}", "train.target_eval_loss=0.1",
-                                                 "checkpoint.interval_steps=1"] for a in ("--set", o)]
+    over = [
+        a
+        for o in tiny_overrides(corpus)
+        + [f"train.max_steps={steps}", "train.target_eval_loss=0.1", "checkpoint.interval_steps=1"]
+        for a in ("--set", o)
+    ]
     if loader == "resume":
         return main(["train", "--resume", str(ckpt), "--run-dir", str(tmp_path / "new"), *over])
     if loader == "resume_auto":
@@ -192,6 +217,7 @@ def test_payloads_are_live(saved, tmp_path):
     shutil.copytree(_ckpt(saved), ckpt)
     assert _byte_io_payload(ckpt, markers[2]) == "__0_0.distcp"
     import torch.distributed.checkpoint as dcp
+
     dcp.load(_load_target(saved), checkpoint_id=str(ckpt), no_dist=True)  # torch's own loader, tampered shard
     assert all(m.exists() for m in markers), [m.exists() for m in markers]
 
@@ -199,6 +225,7 @@ def test_payloads_are_live(saved, tmp_path):
 def _load_target(run):
     """A state dict shaped like the checkpoint's (model and optimizer entries), for dcp.load."""
     from scaletrain.checkpoint.safe_load import read_metadata
+
     md = read_metadata(_ckpt(run))
     out = {}
     for key, value in md.state_dict_metadata.items():
@@ -223,6 +250,7 @@ def test_legit_checkpoint_loads_through_every_path(excerpt_corpus, saved, tmp_pa
 def test_rng_state_of_wrong_shape_is_one_line(excerpt_corpus, saved, tmp_path):
     """Plain tensors, but not an RNG state: refused by name, not a traceback from torch.set_rng_state."""
     from scaletrain.checkpoint.store import CheckpointError
+
     run = tmp_path / "run"
     shutil.copytree(saved, run)
     ckpt = _ckpt(run)
@@ -262,17 +290,25 @@ def test_init_from_a_garbage_hf_directory_is_one_line(excerpt_corpus, tmp_path, 
     assert len(err.splitlines()) == 1 and f"checkpoint.init_from={hf}:" in err
 
 
-@pytest.mark.parametrize("edit,needle", [
-    (lambda md: setattr(next(iter(md.storage_data.values())), "relative_path", "../../etc/passwd"),
-     "points at '../../etc/passwd', not a shard of this checkpoint"),
-    (lambda md: setattr(next(iter(md.storage_data.values())), "transform_descriptors", ["zstd/1"]),
-     "unexpected transforms"),
-    (lambda md: md.state_dict_metadata.update({7: None}), "entry 7 is a NoneType"),
-])
+@pytest.mark.parametrize(
+    "edit,needle",
+    [
+        (
+            lambda md: setattr(next(iter(md.storage_data.values())), "relative_path", "../../etc/passwd"),
+            "points at '../../etc/passwd', not a shard of this checkpoint",
+        ),
+        (
+            lambda md: setattr(next(iter(md.storage_data.values())), "transform_descriptors", ["zstd/1"]),
+            "unexpected transforms",
+        ),
+        (lambda md: md.state_dict_metadata.update({7: None}), "entry 7 is a NoneType"),
+    ],
+)
 def test_metadata_of_allowed_classes_but_wrong_content_is_refused(saved, tmp_path, edit, needle):
     """Only DCP classes, yet pointing outside the checkpoint or asking for a decoder: refused by name."""
     from scaletrain.checkpoint.safe_load import read_metadata
     from scaletrain.checkpoint.store import CheckpointError
+
     ckpt = tmp_path / "ckpt"
     shutil.copytree(_ckpt(saved), ckpt)
     md = read_metadata(ckpt)

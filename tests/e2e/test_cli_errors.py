@@ -28,32 +28,55 @@ def copy_corpus(corpus, dest):
 
 
 def data_args(root, vocab=1024):
-    return ["--set", f"data.train_prefix={root / 'train'}", "--set", f"data.valid_prefix={root / 'valid'}",
-            "--set", f"data.tokenizer={root / 'tokenizer.model'}", "--set", f"model.vocab_size={vocab}",
-            "--set", "train.max_steps=1", "--set", "train.progress=false"]
+    return [
+        "--set",
+        f"data.train_prefix={root / 'train'}",
+        "--set",
+        f"data.valid_prefix={root / 'valid'}",
+        "--set",
+        f"data.tokenizer={root / 'tokenizer.model'}",
+        "--set",
+        f"model.vocab_size={vocab}",
+        "--set",
+        "train.max_steps=1",
+        "--set",
+        "train.progress=false",
+    ]
 
 
 def test_unknown_preset_via_subprocess():
-    proc = subprocess.run([sys.executable, "-m", "scaletrain", "train", "--preset", "gpt9"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "scaletrain", "train", "--preset", "gpt9"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert "unknown preset 'gpt9'" in proc.stderr
 
 
-@pytest.mark.parametrize("override,needle", [
-    ("train.global_batch_size", "expected KEY=VALUE"),
-    ("model.layers=3", "unknown field 'model.layers'"),
-    ("train.micro_batch_size=-1", "must be > 0"),
-])
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("train.global_batch_size", "expected KEY=VALUE"),
+        ("model.layers=3", "unknown field 'model.layers'"),
+        ("train.micro_batch_size=-1", "must be > 0"),
+    ],
+)
 def test_bad_set(capsys, override, needle):
     code, err = run_cli(capsys, "train", "--set", override)
     assert code == 2 and needle in err and "\n" not in err
 
 
 def test_missing_data_file(capsys, tmp_path):
-    code, err = run_cli(capsys, "train", "--set", f"data.train_prefix={tmp_path / 'nope'}",
-                        "--set", f"data.valid_prefix={tmp_path / 'nope'}", "--set", f"train.run_dir={tmp_path}/r")
+    code, err = run_cli(
+        capsys,
+        "train",
+        "--set",
+        f"data.train_prefix={tmp_path / 'nope'}",
+        "--set",
+        f"data.valid_prefix={tmp_path / 'nope'}",
+        "--set",
+        f"train.run_dir={tmp_path}/r",
+    )
     assert code == 2 and str(tmp_path / "nope") in err and "\n" not in err
 
 
@@ -75,8 +98,13 @@ def test_idx_with_wrong_header(capsys, tmp_path, excerpt_corpus):
 
 
 def test_tokenizer_vocab_mismatch(capsys, tmp_path, excerpt_corpus):
-    code, err = run_cli(capsys, "train", *data_args(excerpt_corpus.train_prefix.parent, vocab=2048),
-                        "--set", f"train.run_dir={tmp_path}/r")
+    code, err = run_cli(
+        capsys,
+        "train",
+        *data_args(excerpt_corpus.train_prefix.parent, vocab=2048),
+        "--set",
+        f"train.run_dir={tmp_path}/r",
+    )
     assert code == 2 and "vocab" in err.lower() and "\n" not in err
 
 
@@ -102,14 +130,34 @@ def test_bench_benchmark_flag(capsys, tmp_path, monkeypatch):
     code, err = run_cli(capsys, "bench", "--benchmark", "nope")
     assert code == 2 and err.count("\n") == 0 and "llama2_70b_lora" in err
     # llama2_70b_lora picks its preset (SFT data): the missing GovReport-style data is named, nothing runs.
-    code, err = run_cli(capsys, "bench", "--benchmark", "llama2_70b_lora", "--out", str(tmp_path / "b"),
-                        "--set", f"data.train_prefix={tmp_path / 'gov'}", "--set", f"data.valid_prefix={tmp_path / 'v'}",
-                        "--set", f"data.tokenizer={tmp_path / 't.model'}")
+    code, err = run_cli(
+        capsys,
+        "bench",
+        "--benchmark",
+        "llama2_70b_lora",
+        "--out",
+        str(tmp_path / "b"),
+        "--set",
+        f"data.train_prefix={tmp_path / 'gov'}",
+        "--set",
+        f"data.valid_prefix={tmp_path / 'v'}",
+        "--set",
+        f"data.tokenizer={tmp_path / 't.model'}",
+    )
     assert code == 2 and ("gov" in err or "t.model" in err), err
 
 
-@pytest.mark.parametrize("override", ["optim.lr=nan", "train.target_eval_loss=nan", "optim.grad_clip=nan",
-                                      "model.init_std=nan", "checkpoint.interval_minutes=inf", "lora.alpha=-inf"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "optim.lr=nan",
+        "train.target_eval_loss=nan",
+        "optim.grad_clip=nan",
+        "model.init_std=nan",
+        "checkpoint.interval_minutes=inf",
+        "lora.alpha=-inf",
+    ],
+)
 def test_non_finite_config_value_is_one_line(capsys, tmp_path, override):
     # NaN passes every `<= 0` check; it must be refused by name before anything runs.
     code, err = run_cli(capsys, "train", "--set", override, "--run-dir", str(tmp_path / "r"))

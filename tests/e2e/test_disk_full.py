@@ -194,7 +194,9 @@ def test_full_disk_at_each_phase_of_a_save(excerpt_corpus, saved_run, tmp_path, 
     tmp = ckpts / "step_00000002.tmp"
     assert msg.startswith(f"no space left on device while writing {tmp} (checkpoint at step 2;"), msg
     assert "\n" not in msg and "earlier checkpoints are untouched" in msg
-    assert sorted(p.name for p in ckpts.iterdir() if p.name != READERS_LOCK) == ["step_00000001"]  # no .tmp, no half step_2
+    assert sorted(p.name for p in ckpts.iterdir() if p.name != READERS_LOCK) == [
+        "step_00000001"
+    ]  # no .tmp, no half step_2
     assert _snapshot(ckpts) == before
     verify(ckpts / "step_00000001")
     trainer.finish({})

@@ -20,9 +20,19 @@ from scaletrain.data.corpus import prepare_excerpt
 
 pytest.importorskip("mlperf_logging")
 
-TINY = ["model.vocab_size=1024", "model.n_layers=2", "model.d_model=64", "model.n_heads=2", "model.n_kv_heads=1",
-        "model.d_ff=224", "model.seq_len=64", "model.rope_original_seq_len=64", "train.threads=1",
-        "train.progress=false", "train.micro_batch_size=32"]
+TINY = [
+    "model.vocab_size=1024",
+    "model.n_layers=2",
+    "model.d_model=64",
+    "model.n_heads=2",
+    "model.n_kv_heads=1",
+    "model.d_ff=224",
+    "model.seq_len=64",
+    "model.rope_original_seq_len=64",
+    "train.threads=1",
+    "train.progress=false",
+    "train.micro_batch_size=32",
+]
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +63,22 @@ def test_8b_proxy_run_is_the_405b_proxy_base_and_the_405b_proxy_continues_it(bpe
     base_init = {e["key"]: e["value"] for e in read_mllog(base_log)}
     assert base_init["submission_benchmark"] == "llama31_8b" and base_init["max_steps"] == 20_000
     assert base_init["opt_learning_rate_warmup_steps"] + base_init["opt_learning_rate_decay_steps"] == 20_000
-    assert base_init["seed"] == 1234 and [e["metadata"]["samples_count"] for e in read_mllog(base_log)
-                                           if e["key"] == "eval_accuracy"] == [1024]
+    assert base_init["seed"] == 1234 and [
+        e["metadata"]["samples_count"] for e in read_mllog(base_log) if e["key"] == "eval_accuracy"
+    ] == [1024]
     out = tmp_path / "bench"
-    code = main(["bench", "--benchmark", "llama31_405b-proxy", "--runs", "1", "--out", str(out),
-                 *_sets(f"data.data_dir={bpe_data}", "train.target_eval_loss=100")])
+    code = main(
+        [
+            "bench",
+            "--benchmark",
+            "llama31_405b-proxy",
+            "--runs",
+            "1",
+            "--out",
+            str(out),
+            *_sets(f"data.data_dir={bpe_data}", "train.target_eval_loss=100"),
+        ]
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_converged"] == 1 and summary["compliant_all"], summary
     assert code in (0, 1)

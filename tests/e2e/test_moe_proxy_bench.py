@@ -14,12 +14,27 @@ from scaletrain.data.corpus import prepare_excerpt
 
 pytest.importorskip("mlperf_logging")
 
-TINY = ["model.vocab_size=1024", "model.n_layers=2", "model.d_model=64", "model.n_heads=2", "model.seq_len=64",
-        "train.threads=1", "train.progress=false", "train.micro_batch_size=32", "train.eval_interval_samples=64",
-        "train.target_eval_loss=100"]
+TINY = [
+    "model.vocab_size=1024",
+    "model.n_layers=2",
+    "model.d_model=64",
+    "model.n_heads=2",
+    "model.seq_len=64",
+    "train.threads=1",
+    "train.progress=false",
+    "train.micro_batch_size=32",
+    "train.eval_interval_samples=64",
+    "train.target_eval_loss=100",
+]
 ARCH = {
-    "gpt_oss_20b-proxy": ["model.n_kv_heads=1", "model.head_dim=32", "model.d_ff=64", "model.moe.d_ff_expert=64",
-                          "model.rope_original_seq_len=16", "model.sliding_window=16"],
+    "gpt_oss_20b-proxy": [
+        "model.n_kv_heads=1",
+        "model.head_dim=32",
+        "model.d_ff=64",
+        "model.moe.d_ff_expert=64",
+        "model.rope_original_seq_len=16",
+        "model.sliding_window=16",
+    ],
     "deepseekv3_671b-proxy": ["model.d_ff=128", "model.moe.d_ff_expert=32"],
 }
 
@@ -50,4 +65,6 @@ def test_moe_proxy_bench_logs_pass_the_proxy_rules(bpe_data, tmp_path, name):
         assert init["moe_aux_loss_coeff"] == 0.01 and init["opt_learning_rate_warmup_steps"] == 4
         assert init["max_steps"] == 12000 and init["opt_base_learning_rate"] == 3e-3
     else:
-        assert init["max_steps"] == 20000 == init["opt_learning_rate_warmup_steps"] + init["opt_learning_rate_decay_steps"]
+        assert (
+            init["max_steps"] == 20000 == init["opt_learning_rate_warmup_steps"] + init["opt_learning_rate_decay_steps"]
+        )

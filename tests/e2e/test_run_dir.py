@@ -31,8 +31,10 @@ def cli(capsys, corpus, run_dir, *extra, sets=()):
 
 def strict_load(text: str):
     """json.loads that fails on NaN/Infinity, which strict JSON does not have."""
+
     def refuse(token):
         raise ValueError(f"non-standard JSON constant {token}")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -43,24 +45,34 @@ def steps_of(run_dir, key="loss"):
 def test_busy_run_dir_refused_with_owner_and_stale_lock_taken_over(capsys, tmp_path, excerpt_corpus):
     run = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from scaletrain.train.rundir import RunDirLock; "
-         f"RunDirLock({str(run)!r}).acquire(); print('locked', flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys; from scaletrain.train.rundir import RunDirLock; "
+            f"RunDirLock({str(run)!r}).acquire(); print('locked', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         code, err, _ = cli(capsys, excerpt_corpus, run)
         assert code == 2 and "\n" not in err, err
-        assert err == (f"scaletrain: error: run directory {run} is in use by pid {holder.pid} on host "
-                       f"{socket.gethostname()} (lock file {run / LOCK_NAME}); wait for it to end or choose "
-                       f"another directory")
+        assert err == (
+            f"scaletrain: error: run directory {run} is in use by pid {holder.pid} on host "
+            f"{socket.gethostname()} (lock file {run / LOCK_NAME}); wait for it to end or choose "
+            f"another directory"
+        )
         assert sorted(p.name for p in run.iterdir()) == [LOCK_NAME]  # the refused run wrote nothing
     finally:
         holder.kill()  # SIGKILL: the lock file stays behind, its flock goes with the process
         holder.wait()
     lock = RunDirLock(run)
     warning = lock.acquire()
-    assert warning == (f"took over the stale lock of pid {holder.pid} on host "
-                       f"{socket.gethostname()} in {run} (not running)")
+    assert warning == (
+        f"took over the stale lock of pid {holder.pid} on host {socket.gethostname()} in {run} (not running)"
+    )
     assert json.loads((run / LOCK_NAME).read_text())["pid"] == os.getpid()
     with pytest.raises(ValueError, match="in use by pid"):  # a second lock, even in this process, is refused
         RunDirLock(run).acquire()
@@ -78,11 +90,15 @@ def test_rerun_refused_overwrite_clears_and_finished_resume_is_not_retrained(cap
     assert LOCK_NAME not in before  # released at the end
 
     code, err, _ = cli(capsys, excerpt_corpus, run)
-    assert code == 2 and err == (f"scaletrain: error: {run} already holds a run (result.json); pass --resume auto "
-                                 f"to continue it, --overwrite to replace it, or --run-dir DIR for a new one")
+    assert code == 2 and err == (
+        f"scaletrain: error: {run} already holds a run (result.json); pass --resume auto "
+        f"to continue it, --overwrite to replace it, or --run-dir DIR for a new one"
+    )
     code, err, _ = cli(capsys, excerpt_corpus, run, "--overwrite", "--resume", "auto")
-    assert code == 2 and err == ("scaletrain: error: --overwrite and --resume auto: choose one (--overwrite starts "
-                                 "the run again, --resume continues it)")
+    assert code == 2 and err == (
+        "scaletrain: error: --overwrite and --resume auto: choose one (--overwrite starts "
+        "the run again, --resume continues it)"
+    )
     # Asking to resume a run that already ended is not a reason to train its tail again.
     code, err, out = cli(capsys, excerpt_corpus, run, "--resume", "auto")
     assert code == 0 and f"{run} already finished (aborted, budget_exhausted); nothing to train" in out
@@ -91,8 +107,10 @@ def test_rerun_refused_overwrite_clears_and_finished_resume_is_not_retrained(cap
     (run / "notes.txt").write_text("mine")  # not a run file: --overwrite leaves it alone
     code, err, _ = cli(capsys, excerpt_corpus, run, "--overwrite", sets=["train.max_steps=2"])
     # checkpoints: the finished run saved its last step (checkpoint.final, on by default)
-    assert code == 0 and err == (f"--overwrite: removed the previous run's checkpoints, config.json, metrics.jsonl, "
-                                 f"mllog.txt, prediction.json, result.json, tensorboard from {run}")
+    assert code == 0 and err == (
+        f"--overwrite: removed the previous run's checkpoints, config.json, metrics.jsonl, "
+        f"mllog.txt, prediction.json, result.json, tensorboard from {run}"
+    )
     assert steps_of(run) == [1, 2] and steps_of(run, "eval_loss") == [2]
     assert strict_load((run / "result.json").read_text())["steps"] == 2
     assert (run / "notes.txt").read_text() == "mine"
@@ -116,8 +134,10 @@ def test_bench_out_holding_a_benchmark_is_refused(capsys, tmp_path):
     (out / "summary.json").write_text("{}")
     code = main(["bench", "--out", str(out), "--runs", "1"])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and err == (f"scaletrain: error: {out} already holds a run (summary.json); pass --resume auto "
-                                 f"to continue it, --overwrite to replace it, or --out DIR for a new one")
+    assert code == 2 and err == (
+        f"scaletrain: error: {out} already holds a run (summary.json); pass --resume auto "
+        f"to continue it, --overwrite to replace it, or --out DIR for a new one"
+    )
     assert (out / "summary.json").read_text() == "{}" and not (out / LOCK_NAME).exists()
 
 
@@ -125,6 +145,7 @@ def test_non_finite_eval_loss_is_strict_json_and_exit_1(capsys, tmp_path, excerp
     import torch
 
     from scaletrain.train.engine import Trainer
+
     monkeypatch.setattr(Trainer, "_eval_loss_sum", lambda self, x, y: torch.tensor(float("nan"), dtype=torch.float64))
     run = tmp_path / "run"
     code, err, _ = cli(capsys, excerpt_corpus, run)
@@ -150,6 +171,7 @@ def test_exit_codes_target_diverged_crashed(capsys, tmp_path, excerpt_corpus, mo
 
     def boom(self):
         raise RuntimeError("simulated crash")
+
     monkeypatch.setattr(Trainer, "train_step", boom)
     with pytest.raises(RuntimeError):  # uncaught: the interpreter exits 1 with the traceback
         cli(capsys, excerpt_corpus, tmp_path / "crash")
@@ -166,8 +188,10 @@ def test_model_too_big_for_host_memory_fails_before_allocating(capsys, tmp_path,
     monkeypatch.setattr(parallelize, "parallelize", lambda *a, **k: pytest.fail("the model was built"))
     code = main(["train", "--preset", "gpt3-175b", "--set", "train.device=cpu", "--run-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and err == ("scaletrain: error: gpt3-175b needs ~2.8 TB for fp32 weights, gradients and Adam; "
-                                 "this machine has 24 GB available")
+    assert code == 2 and err == (
+        "scaletrain: error: gpt3-175b needs ~2.8 TB for fp32 weights, gradients and Adam; "
+        "this machine has 24 GB available"
+    )
     assert not (tmp_path / "r").exists()
 
 
@@ -184,6 +208,7 @@ def test_truncate_metrics_keeps_records_through_the_step(tmp_path):
 
 def test_overwrite_clears_only_run_files_and_outside_checkpoints(tmp_path):
     from scaletrain.train.rundir import RunDirError, apply_plan, plan_existing
+
     run, ext = tmp_path / "run", tmp_path / "ckpt"
     (run / "checkpoints" / "step_00000002").mkdir(parents=True)
     (run / "config.json").write_text("{}")
@@ -196,8 +221,10 @@ def test_overwrite_clears_only_run_files_and_outside_checkpoints(tmp_path):
         plan_existing(tmp_path / "new", resume="none", overwrite=False, checkpoint_dir=ext)
     assert plan_existing(run, resume="none", overwrite=True, checkpoint_dir=ext) == "overwrite"
     line = apply_plan(run, "overwrite", checkpoint_dir=ext)
-    assert line == (f"--overwrite: removed the previous run's checkpoints, config.json, {ext / 'step_00000004'}, "
-                    f"{ext / 'step_00000006.tmp'} from {run}")
+    assert line == (
+        f"--overwrite: removed the previous run's checkpoints, config.json, {ext / 'step_00000004'}, "
+        f"{ext / 'step_00000006.tmp'} from {run}"
+    )
     assert sorted(p.name for p in run.iterdir()) == ["fabric.json"]
     assert sorted(p.name for p in ext.iterdir()) == ["notes.txt"]
 

@@ -25,16 +25,38 @@ TOL = 2e-3  # summation order differs across CPU kernels (AVX2 vs AVX-512); a re
 
 def tiny_overrides(corpus):
     """2-layer d64 model on the excerpt, fp32 on one thread so the golden losses are reproducible."""
-    return [f"data.train_prefix={corpus.train_prefix}", f"data.valid_prefix={corpus.valid_prefix}",
-            f"data.tokenizer={corpus.tokenizer}", "model.vocab_size=1024", "model.n_layers=2", "model.d_model=64",
-            "model.n_heads=2", "model.seq_len=64", "train.global_batch_size=16", "train.micro_batch_size=8",
-            "train.dtype=fp32", "train.threads=1", "train.eval_interval_samples=160", "optim.lr=2e-3",
-            "optim.warmup_samples=160", "optim.decay_samples=3200", "train.progress=false"]
+    return [
+        f"data.train_prefix={corpus.train_prefix}",
+        f"data.valid_prefix={corpus.valid_prefix}",
+        f"data.tokenizer={corpus.tokenizer}",
+        "model.vocab_size=1024",
+        "model.n_layers=2",
+        "model.d_model=64",
+        "model.n_heads=2",
+        "model.seq_len=64",
+        "train.global_batch_size=16",
+        "train.micro_batch_size=8",
+        "train.dtype=fp32",
+        "train.threads=1",
+        "train.eval_interval_samples=160",
+        "optim.lr=2e-3",
+        "optim.warmup_samples=160",
+        "optim.decay_samples=3200",
+        "train.progress=false",
+    ]
 
 
 def tiny_config(corpus, run_dir, *extra):
-    return resolve("gpt3-proxy", overrides=[*tiny_overrides(corpus), "train.target_eval_loss=0.1",
-                                            "train.max_steps=30", f"train.run_dir={run_dir}", *extra])
+    return resolve(
+        "gpt3-proxy",
+        overrides=[
+            *tiny_overrides(corpus),
+            "train.target_eval_loss=0.1",
+            "train.max_steps=30",
+            f"train.run_dir={run_dir}",
+            *extra,
+        ],
+    )
 
 
 def read_jsonl(path):
@@ -103,6 +125,7 @@ def test_reaching_the_target_is_success_and_log_is_compliant(excerpt_corpus, tmp
 
     def unsupported(*args, **kwargs):
         raise ValueError("this layout is not\nsupported")
+
     # A run the simulator cannot price says why in prediction.json and trains on.
     monkeypatch.setattr("scaletrain.sim.run_prediction.step_time", unsupported)
     result = train(cfg, observers=mlperf_observers)  # the MLPerf log, as `scaletrain train` attaches it
@@ -148,6 +171,7 @@ def test_warm_up_does_not_change_the_run(excerpt_corpus, tmp_path, monkeypatch):
         out = [trainer.train_step()["loss"] for _ in range(3)]
         trainer.finish({})
         return out
+
     assert losses(tmp_path / "a", True) == losses(tmp_path / "b", False)
 
 
@@ -159,6 +183,7 @@ def test_gradient_accumulation_matches_one_big_batch(excerpt_corpus, tmp_path):
         out = [trainer.train_step()["loss"] for _ in range(3)]
         trainer.finish({})
         return out
+
     assert first_losses(16) == pytest.approx(first_losses(4), abs=1e-5)
 
 
@@ -170,8 +195,10 @@ def test_nan_loss_aborts_with_clear_reason_and_keeps_weights(excerpt_corpus, tmp
     def poisoned(self, batches):
         value = real(self, batches)
         return math.nan if self.step == 4 else value
+
     monkeypatch.setattr(Trainer, "_forward_backward", poisoned)
     from scaletrain.bench.harness import run_once
+
     snapshot = {}
     orig_step = Trainer.train_step
 
@@ -179,6 +206,7 @@ def test_nan_loss_aborts_with_clear_reason_and_keeps_weights(excerpt_corpus, tmp
         if self.step == 4:
             snapshot.update({k: v.clone() for k, v in self.model.state_dict().items()})
         return orig_step(self)
+
     monkeypatch.setattr(Trainer, "train_step", spy)
     result = run_once(cfg, trainer, tmp_path / "run")
     assert result["status"] == "aborted" and result["steps"] == 4
@@ -200,4 +228,3 @@ def test_bench_cli_three_runs_scored_and_checked(excerpt_corpus, tmp_path, capsy
     assert summary["score_s"] == pytest.approx(times[1], rel=1e-6)  # olympic mean of 3 = median
     assert len({r["seed"] for r in summary["runs"]}) == 3
     assert "score" in capsys.readouterr().out.lower()
-

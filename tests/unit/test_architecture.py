@@ -174,7 +174,9 @@ def test_sim_and_config_import_no_torch():
     # sim/ prices clusters on machines without torch (and sim.fit fits it there); config and the registries are
     # read by it.
     modules = [
-        _module_name(p) for p in _sources() if _package(_module_name(p)) in ("sim", "sim.fit", "config", "log", "benchmarks")
+        _module_name(p)
+        for p in _sources()
+        if _package(_module_name(p)) in ("sim", "sim.fit", "config", "log", "benchmarks")
     ]
     code = "import sys\n" + "".join(f"import {m}\n" for m in modules) + "print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

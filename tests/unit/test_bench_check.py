@@ -63,10 +63,13 @@ def test_check_needs_a_benchmark_without_config_json(proxy_run, elsewhere, capsy
     assert "config.json: not a scaletrain config.json; pass --benchmark NAME" in err and len(err.splitlines()) == 1
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["bench", "check", "no/such/mllog.txt"], "no/such/mllog.txt: no such MLLOG file"),
-    (["bench", "check", "{run}", "--benchmark", "resnet"], "benchmark 'resnet' has no compliance rules"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["bench", "check", "no/such/mllog.txt"], "no/such/mllog.txt: no such MLLOG file"),
+        (["bench", "check", "{run}", "--benchmark", "resnet"], "benchmark 'resnet' has no compliance rules"),
+    ],
+)
 def test_check_bad_input_is_one_line_exit_2(proxy_run, elsewhere, capsys, argv, needle):
     assert main([a.replace("{run}", str(proxy_run)) for a in argv]) == 2
     err = capsys.readouterr().err.strip()

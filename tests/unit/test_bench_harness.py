@@ -16,8 +16,7 @@ from scaletrain.bench.scripted import ScriptedEngine
 from scaletrain.config import resolve
 from scaletrain.train.protocol import NonFiniteLoss
 
-SHARED_FIXTURE = (Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
-                  / "gpt3_minimal_passing_4.1.0.mllog")
+SHARED_FIXTURE = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "gpt3_minimal_passing_4.1.0.mllog"
 TOKENS_PER_BLOCK_2048 = 12 * 2048 * 2048  # 12 steps of GBS 2048 x 2048 tokens = 24576 sequences
 
 

@@ -70,7 +70,7 @@ def test_real_log_passes_the_official_checker(real_run):
 def test_real_log_init_keys_and_values(real_run):
     _, _, run_dir, _ = real_run
     ev = read_mllog(run_dir / "mllog.txt")
-    init = {e["key"]: e["value"] for e in ev[:[e["key"] for e in ev].index("init_stop")]}
+    init = {e["key"]: e["value"] for e in ev[: [e["key"] for e in ev].index("init_stop")]}
     assert init["submission_benchmark"] == "llama2_70b_lora" and init["global_batch_size"] == 8
     assert init["max_sequence_length"] == 8192 and init["gradient_accumulation_steps"] == 1
     assert (init["lora_rank"], init["lora_alpha"]) == (16, 32)
@@ -134,17 +134,23 @@ def test_hparams_need_the_training_set_size_and_engine_must_report_it(tmp_path):
     engine.train_samples = None
     with pytest.raises(ValueError, match="train_samples"):
         from scaletrain.bench.harness import run_once
+
         run_once(cfg, engine, tmp_path)
 
 
 def test_violations_flag_the_fixed_hyperparameters():
-    found = official_rule_violations(lora_reference_config("optim.grad_clip=1.0", "lora.alpha=16",
-                                                           "model.seq_len=4096", "train.global_batch_size=256"))
+    found = official_rule_violations(
+        lora_reference_config(
+            "optim.grad_clip=1.0", "lora.alpha=16", "model.seq_len=4096", "train.global_batch_size=256"
+        )
+    )
     assert len(found) == 4
     for field in ("optim.grad_clip", "lora.alpha", "model.seq_len", "train.global_batch_size"):
         assert any(field in v for v in found), field
-    assert official_rule_violations(lora_reference_config("bench.benchmark=llama2_70b_lora-proxy",
-                                                          "model.seq_len=256")) == []
+    assert (
+        official_rule_violations(lora_reference_config("bench.benchmark=llama2_70b_lora-proxy", "model.seq_len=256"))
+        == []
+    )
 
 
 def test_olympic_score_of_ten_runs():
@@ -161,8 +167,9 @@ def test_olympic_score_of_ten_runs():
 
 def _proxy_cfg(*overrides):
     # Proxy shape: seq 256, a target the scripted losses reach; the real lora rank and cadence are kept.
-    return lora_reference_config("bench.benchmark=llama2_70b_lora-proxy", "model.seq_len=256",
-                                 "train.target_eval_loss=2.5", *overrides)
+    return lora_reference_config(
+        "bench.benchmark=llama2_70b_lora-proxy", "model.seq_len=256", "train.target_eval_loss=2.5", *overrides
+    )
 
 
 def test_proxy_log_passes_the_proxy_rules_only(tmp_path):
@@ -172,15 +179,20 @@ def test_proxy_log_passes_the_proxy_rules_only(tmp_path):
     check = check_log(tmp_path / "mllog.txt", "llama2_70b_lora-proxy")
     assert check.ok, check.output
     assert "--config" in check.command and check.command[check.command.index("--config") + 1].endswith(
-        "llama2_70b_lora_proxy.yaml")
+        "llama2_70b_lora_proxy.yaml"
+    )
     official = check_log(tmp_path / "mllog.txt", "llama2_70b_lora")
     assert not official.ok and "0.925" in official.output  # the target window is size-bound: proxy only
 
 
 def test_ten_proxy_runs_are_scored(tmp_path):
     cfg = _proxy_cfg("bench.runs=10", "bench.check=false")
-    summary = run_benchmark(cfg, lambda c, seed, d: ScriptedEngine(c, eval_losses=[2.4]), tmp_path,
-                            console=Console(file=io.StringIO(), width=160))
+    summary = run_benchmark(
+        cfg,
+        lambda c, seed, d: ScriptedEngine(c, eval_losses=[2.4]),
+        tmp_path,
+        console=Console(file=io.StringIO(), width=160),
+    )
     assert summary["n_runs"] == summary["runs_required"] == 10 and summary["n_converged"] == 10
     assert len(summary["dropped"]) == 2 and summary["score_s"] is not None
     assert {r["samples"] for r in summary["runs"]} == {1536}
@@ -192,6 +204,7 @@ def _records(text: str) -> dict[str, dict]:
 
 def test_proxy_rules_keep_every_official_requirement():
     import mlperf_logging.compliance_checker as cc
+
     # The proxy rules are built from the ruleset a proxy run resolves to by default: the newest the package ships.
     official_dir = Path(cc.__file__).parent / f"training_{benchmarks.resolve_ruleset('llama2_70b_lora-proxy')}"
     official = {}
@@ -211,4 +224,6 @@ def test_proxy_rules_keep_every_official_requirement():
     assert "'samples_count' in v['metadata']" in proxy["eval_accuracy"]["CHECK"]
     assert proxy["lora_rank"]["CHECK"].strip() == "v['value'] == 16"
     assert "enqueue_config" not in text.split("\n- BEGIN")[1]
-    assert {n for n in known() if n.endswith("-proxy")} == {s.proxy_name for s in benchmarks.BENCHMARKS.values() if s.has_proxy}
+    assert {n for n in known() if n.endswith("-proxy")} == {
+        s.proxy_name for s in benchmarks.BENCHMARKS.values() if s.has_proxy
+    }

@@ -15,11 +15,27 @@ from scaletrain.config import resolve
 
 FIXTURE = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "gpt3_minimal_passing_4.1.0.mllog"
 REQUIRED_INIT_KEYS = [  # closed_gpt3.yaml + common.yaml keys logged in the init phase, in the reference order
-    "cache_clear", "submission_benchmark", "submission_org", "submission_division", "submission_platform",
-    "global_batch_size", "max_sequence_length", "opt_name", "opt_base_learning_rate", "opt_end_learning_rate",
-    "opt_learning_rate_decay_steps", "opt_learning_rate_warmup_steps", "opt_learning_rate_decay_schedule",
-    "opt_adam_beta_1", "opt_adam_beta_2", "opt_adam_epsilon", "opt_gradient_clip_norm",
-    "gradient_accumulation_steps", "eval_samples", "init_checkpoint_step"]
+    "cache_clear",
+    "submission_benchmark",
+    "submission_org",
+    "submission_division",
+    "submission_platform",
+    "global_batch_size",
+    "max_sequence_length",
+    "opt_name",
+    "opt_base_learning_rate",
+    "opt_end_learning_rate",
+    "opt_learning_rate_decay_steps",
+    "opt_learning_rate_warmup_steps",
+    "opt_learning_rate_decay_schedule",
+    "opt_adam_beta_1",
+    "opt_adam_beta_2",
+    "opt_adam_epsilon",
+    "opt_gradient_clip_norm",
+    "gradient_accumulation_steps",
+    "eval_samples",
+    "init_checkpoint_step",
+]
 
 
 def gpt3(*overrides):
@@ -75,13 +91,23 @@ def test_violations_flag_lr_for_gbs_and_seq_len():
     assert len(bad_seq) == 1 and "model.seq_len=1024" in bad_seq[0]
 
 
-@pytest.mark.parametrize("override, field", [
-    ("model.n_layers=48", "n_layers"), ("model.vocab_size=50304", "vocab_size"),
-    ("optim.warmup_samples=1000", "warmup_samples"), ("optim.decay_samples=1000000", "decay_samples"),
-    ("optim.checkpoint_samples=0", "checkpoint_samples"), ("optim.beta2=0.999", "beta2"),
-    ("optim.eps=1e-6", "eps"), ("optim.weight_decay=0.0", "weight_decay"), ("optim.grad_clip=0.5", "grad_clip"),
-    ("optim.end_lr_ratio=0.0", "end_lr_ratio"), ("train.target_eval_loss=2.7", "target_eval_loss"),
-    ("train.eval_interval_samples=12288", "eval_interval_samples")])
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("model.n_layers=48", "n_layers"),
+        ("model.vocab_size=50304", "vocab_size"),
+        ("optim.warmup_samples=1000", "warmup_samples"),
+        ("optim.decay_samples=1000000", "decay_samples"),
+        ("optim.checkpoint_samples=0", "checkpoint_samples"),
+        ("optim.beta2=0.999", "beta2"),
+        ("optim.eps=1e-6", "eps"),
+        ("optim.weight_decay=0.0", "weight_decay"),
+        ("optim.grad_clip=0.5", "grad_clip"),
+        ("optim.end_lr_ratio=0.0", "end_lr_ratio"),
+        ("train.target_eval_loss=2.7", "target_eval_loss"),
+        ("train.eval_interval_samples=12288", "eval_interval_samples"),
+    ],
+)
 def test_violations_cover_every_closed_rule(override, field):
     found = official_rule_violations(gpt3(override))
     assert len(found) == 1 and field in found[0]
@@ -93,14 +119,22 @@ def _records(path: Path) -> dict[str, dict]:
 
 def test_proxy_rules_keep_every_official_requirement():
     import mlperf_logging.compliance_checker as cc
+
     official_dir = Path(cc.__file__).parent / "training_4.1.0"
     official = {}
     for name in ("common.yaml", "closed_common.yaml", "closed_gpt3.yaml"):  # later files refine earlier ones
         official.update(_records(official_dir / name))
     with proxy_rules_path().open() as f:
         proxy = {r["KEY"]["NAME"]: r["KEY"] for r in yaml.load(f, Loader=yaml.BaseLoader) if "KEY" in r}
-    relaxed = {"submission_division", "submission_benchmark", "max_sequence_length", "opt_base_learning_rate",
-               "eval_accuracy", "init_checkpoint_step", "eval_samples"}
+    relaxed = {
+        "submission_division",
+        "submission_benchmark",
+        "max_sequence_length",
+        "opt_base_learning_rate",
+        "eval_accuracy",
+        "init_checkpoint_step",
+        "eval_samples",
+    }
     for key, rec in official.items():
         assert key in proxy, key
         assert proxy[key].get("REQ") == rec.get("REQ"), key

@@ -20,9 +20,13 @@ def test_five_runs_average_the_middle_three():
 
 def test_one_non_converged_run_counts_as_the_slowest():
     # The failed run was the fastest on the clock; it must still be the one dropped as slowest.
-    s = olympic_score([{"time_to_train_s": 1.0, "status": "aborted"},
-                       {"time_to_train_s": 300.0, "status": "success"},
-                       {"time_to_train_s": 100.0, "status": "success"}])
+    s = olympic_score(
+        [
+            {"time_to_train_s": 1.0, "status": "aborted"},
+            {"time_to_train_s": 300.0, "status": "success"},
+            {"time_to_train_s": 100.0, "status": "success"},
+        ]
+    )
     assert s.score_s == 300.0 and s.dropped == [0, 2] and s.n_converged == 2
 
 

@@ -53,7 +53,11 @@ def test_entries_agree_with_the_mlperf_logging_package():
 
     for spec in benchmarks.BENCHMARKS.values():
         # gpt_oss_20b has no constant in the package: its logs carry the name (bench.rules.submission_benchmark).
-        assert getattr(mllog.constants, spec.mllog_constant) == spec.name if spec.mllog_constant else spec.name == "gpt_oss_20b"
+        assert (
+            getattr(mllog.constants, spec.mllog_constant) == spec.name
+            if spec.mllog_constant
+            else spec.name == "gpt_oss_20b"
+        )
         assert _ALL_RESULT_FILE_COUNTS["training"][spec.name] == spec.runs
         assert mlperf._package_rcp_file(spec.name, benchmarks.resolve_ruleset(spec.name)) is not None
         from scaletrain.bench.rules import OWN_KEY_VALUES
@@ -77,8 +81,17 @@ def test_skip_rule_is_the_training_rules_formula():
 
 def test_lookups_name_the_known_benchmarks():
     assert benchmarks.names() == (
-        "gpt3", "gpt3-proxy", "llama2_70b_lora", "llama2_70b_lora-proxy", "llama31_405b", "llama31_405b-proxy",
-        "llama31_8b", "llama31_8b-proxy", "gpt_oss_20b", "gpt_oss_20b-proxy", "deepseekv3_671b",
+        "gpt3",
+        "gpt3-proxy",
+        "llama2_70b_lora",
+        "llama2_70b_lora-proxy",
+        "llama31_405b",
+        "llama31_405b-proxy",
+        "llama31_8b",
+        "llama31_8b-proxy",
+        "gpt_oss_20b",
+        "gpt_oss_20b-proxy",
+        "deepseekv3_671b",
         "deepseekv3_671b-proxy",
     )
     with pytest.raises(ValueError, match="unknown benchmark 'llama31_8b-proxy-proxy'"):

@@ -31,12 +31,27 @@ def test_lora_and_checkpoint_flags_reach_the_config(capsys):
 
 def test_boolean_flag_alone_means_true_and_keeps_the_next_flag():
     assert expand_field_flags(["train", "--train.compile", "--set", "x=y"]) == [
-        "train", "--set", "train.compile=true", "--set", "x=y"]
+        "train",
+        "--set",
+        "train.compile=true",
+        "--set",
+        "x=y",
+    ]
     assert expand_field_flags(["train", "--train.compile"]) == ["train", "--set", "train.compile=true"]
     assert expand_field_flags(["train", "--train.compile", "false", "--run-dir", "r"]) == [
-        "train", "--set", "train.compile=false", "--run-dir", "r"]
+        "train",
+        "--set",
+        "train.compile=false",
+        "--run-dir",
+        "r",
+    ]
     assert expand_field_flags(["train", "--checkpoint.async_save", "--parallel.tp", "2"]) == [
-        "train", "--set", "checkpoint.async_save=true", "--set", "parallel.tp=2"]
+        "train",
+        "--set",
+        "checkpoint.async_save=true",
+        "--set",
+        "parallel.tp=2",
+    ]
 
 
 def test_boolean_flag_resolves_to_true(capsys):
@@ -70,8 +85,21 @@ def test_config_fields_show_the_preset_values(capsys):
 
 
 def test_bench_without_check_still_parses_as_the_benchmark():
-    args = build_parser().parse_args(["bench", "--preset", "gpt3-proxy", "--runs", "1", "--benchmark", "gpt3-proxy",
-                                      "--out", "x", "--set", "train.seed=3"])
+    args = build_parser().parse_args(
+        [
+            "bench",
+            "--preset",
+            "gpt3-proxy",
+            "--runs",
+            "1",
+            "--benchmark",
+            "gpt3-proxy",
+            "--out",
+            "x",
+            "--set",
+            "train.seed=3",
+        ]
+    )
     assert args.func is cmd_bench and args.runs == 1 and args.benchmark == "gpt3-proxy" and args.out == "x"
     assert build_parser().parse_args(["bench"]).func is cmd_bench
     args = build_parser().parse_args(["bench", "check", "run_0/mllog.txt", "--benchmark", "gpt3"])

@@ -12,9 +12,17 @@ def test_defaults_are_dense_and_standard_attention():
 
 
 def test_overrides_reach_nested_sections():
-    cfg = resolve("deepseek-v3-671b", overrides=["model.moe.n_experts=8", "model.moe.n_groups=1",
-                                                 "model.moe.topk_groups=1", "model.moe.top_k=2",
-                                                 "model.mla.kv_lora_rank=32", "model.head_dim=48"])
+    cfg = resolve(
+        "deepseek-v3-671b",
+        overrides=[
+            "model.moe.n_experts=8",
+            "model.moe.n_groups=1",
+            "model.moe.topk_groups=1",
+            "model.moe.top_k=2",
+            "model.mla.kv_lora_rank=32",
+            "model.head_dim=48",
+        ],
+    )
     assert (cfg.model.moe.n_experts, cfg.model.moe.top_k, cfg.model.mla.kv_lora_rank) == (8, 2, 32)
     assert cfg.model.head_size == 48
     assert cfg.to_dict()["model"]["moe"]["n_experts"] == 8  # saved into config.json
@@ -25,8 +33,10 @@ def test_overrides_reach_nested_sections():
     [
         (["model.moe.n_experts=8", "model.moe.top_k=9"], "model.moe.top_k=9"),
         (["model.moe.n_experts=8", "model.moe.n_groups=3"], "model.moe.n_groups=3"),
-        (["model.moe.n_experts=8", "model.moe.n_groups=4", "model.moe.topk_groups=1", "model.moe.top_k=3"],
-         "more than the 2 experts"),
+        (
+            ["model.moe.n_experts=8", "model.moe.n_groups=4", "model.moe.topk_groups=1", "model.moe.top_k=3"],
+            "more than the 2 experts",
+        ),
         (["model.moe.n_experts=8", "model.moe.score_func=relu"], "model.moe.score_func='relu'"),
         (["model.moe.n_experts=8", "model.moe.aux_loss_coef=nan"], "model.moe.aux_loss_coef"),
         (["model.moe.n_experts=8", "model.moe.first_dense=99"], "model.moe.first_dense=99"),
@@ -58,5 +68,7 @@ def test_fields_an_architecture_would_ignore_are_refused(override, message):
 
 
 def test_head_dim_lifts_the_divisibility_rule():
-    cfg = resolve("llama-proxy", overrides=["model.d_model=100", "model.n_heads=4", "model.n_kv_heads=2", "model.head_dim=32"])
+    cfg = resolve(
+        "llama-proxy", overrides=["model.d_model=100", "model.n_heads=4", "model.n_kv_heads=2", "model.head_dim=32"]
+    )
     assert cfg.model.head_size == 32

@@ -19,24 +19,26 @@ def test_presets_resolve_and_roundtrip(tmp_path):
 
 def test_overrides_and_config_file(tmp_path):
     f = tmp_path / "c.toml"
-    f.write_text('[train]\nseed = 5\n[model]\nn_layers = 3\n')
-    cfg = resolve("gpt3-proxy", str(f), ["train.seed=9", "optim.lr=3e-4", "train.dtype=fp32",
-                                         "train.progress=false"])
+    f.write_text("[train]\nseed = 5\n[model]\nn_layers = 3\n")
+    cfg = resolve("gpt3-proxy", str(f), ["train.seed=9", "optim.lr=3e-4", "train.dtype=fp32", "train.progress=false"])
     assert (cfg.train.seed, cfg.model.n_layers, cfg.optim.lr, cfg.train.dtype) == (9, 3, 3e-4, "fp32")
     assert cfg.train.progress is False
 
 
-@pytest.mark.parametrize("preset,overrides,message", [
-    ("nope", [], "unknown preset 'nope'"),
-    ("gpt3-proxy", ["train.sed=1"], "unknown field 'train.sed'"),
-    ("gpt3-proxy", ["train.seed"], "expected KEY=VALUE"),
-    ("gpt3-proxy", ["train.seed=abc"], "train.seed='abc' is not a valid int"),
-    ("gpt3-proxy", ["model.n_heads=3"], "model.n_heads=3: must divide model.d_model=256"),
-    ("gpt3-proxy", ["train.global_batch_size=30"], "must be a multiple of train.micro_batch_size=16"),
-    ("gpt3-proxy", ["train.dtype=fp16"], "train.dtype='fp16'"),
-    ("gpt3-proxy", ["bench.benchmark=bert"], "bench.benchmark='bert'"),
-    ("gpt3-proxy", ["train=3"], "'train' is a section"),
-])
+@pytest.mark.parametrize(
+    "preset,overrides,message",
+    [
+        ("nope", [], "unknown preset 'nope'"),
+        ("gpt3-proxy", ["train.sed=1"], "unknown field 'train.sed'"),
+        ("gpt3-proxy", ["train.seed"], "expected KEY=VALUE"),
+        ("gpt3-proxy", ["train.seed=abc"], "train.seed='abc' is not a valid int"),
+        ("gpt3-proxy", ["model.n_heads=3"], "model.n_heads=3: must divide model.d_model=256"),
+        ("gpt3-proxy", ["train.global_batch_size=30"], "must be a multiple of train.micro_batch_size=16"),
+        ("gpt3-proxy", ["train.dtype=fp16"], "train.dtype='fp16'"),
+        ("gpt3-proxy", ["bench.benchmark=bert"], "bench.benchmark='bert'"),
+        ("gpt3-proxy", ["train=3"], "'train' is a section"),
+    ],
+)
 def test_bad_config_is_one_clear_line(preset, overrides, message):
     with pytest.raises(ConfigError) as info:
         resolve(preset, None, overrides)

@@ -9,8 +9,16 @@ from rich.console import Console
 
 from scaletrain.train.console import LogLines, ProgressBar, live_view
 
-RECORD = {"step": 20, "loss": 2.718281, "lr": 6e-5, "grad_norm": 0.31416, "tokens_per_s": 1234567.8,
-          "mfu": 0.41234, "mfu_peak": "h100 dense bf16 989 TFLOP/s", "peak_mem_gib": 61.234}
+RECORD = {
+    "step": 20,
+    "loss": 2.718281,
+    "lr": 6e-5,
+    "grad_norm": 0.31416,
+    "tokens_per_s": 1234567.8,
+    "mfu": 0.41234,
+    "mfu_peak": "h100 dense bf16 989 TFLOP/s",
+    "peak_mem_gib": 61.234,
+}
 
 
 def test_training_line_has_every_field_and_the_eta_to_the_bound():
@@ -19,14 +27,16 @@ def test_training_line_has_every_field_and_the_eta_to_the_bound():
     assert lines.format(RECORD, elapsed_s=50.0) == (
         "step: 20/<=100  loss: 2.7183  lr: 6.00e-05  grad_norm: 0.3142  tok/s: 1,234,568  "
         "mfu: 41.23% of h100 dense bf16 989 TFLOP/s  memory: 61.23 GiB max allocated  "
-        "eta: <=0:06:40 to step 100 (decay end)")
+        "eta: <=0:06:40 to step 100 (decay end)"
+    )
 
 
 def test_cpu_line_has_no_mfu_and_the_last_step_no_eta():
     record = {k: v for k, v in RECORD.items() if k not in ("mfu", "mfu_peak")}
     line = LogLines(total_steps=20).format(record, elapsed_s=3.0)
-    assert line == ("step: 20/<=20  loss: 2.7183  lr: 6.00e-05  grad_norm: 0.3142  tok/s: 1,234,568  "
-                    "memory: 61.23 GiB peak RSS")
+    assert line == (
+        "step: 20/<=20  loss: 2.7183  lr: 6.00e-05  grad_norm: 0.3142  tok/s: 1,234,568  memory: 61.23 GiB peak RSS"
+    )
 
 
 def test_evaluation_line_and_printing():

@@ -40,10 +40,12 @@ def test_excerpt_manifest_matches_files():
 
 
 def test_clean_text_strips_gutenberg_boilerplate():
-    raw = ("The Project Gutenberg EBook of Hamlet\r\nlicence blah\r\n"
-           "*** START OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\r\n\r\n"
-           "HAMLET   \r\nTo be, or not to be.\r\n\r\n"
-           "*** END OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\r\nmore licence\r\n")
+    raw = (
+        "The Project Gutenberg EBook of Hamlet\r\nlicence blah\r\n"
+        "*** START OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\r\n\r\n"
+        "HAMLET   \r\nTo be, or not to be.\r\n\r\n"
+        "*** END OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\r\nmore licence\r\n"
+    )
     assert C.clean_text(raw) == "HAMLET\nTo be, or not to be.\n"
     assert C.clean_text("\n\nplain play\n\n\n") == "plain play\n"
 

@@ -111,8 +111,7 @@ def test_idx_truncated_inside_arrays(corpus, where):
     idx = corpus / "train.idx"
     n_seq, n_doc, o_sizes, o_ptr, o_doc = idx_layout(idx)
     full = idx.stat().st_size
-    size = {"sizes": o_sizes + 2, "pointers": o_ptr + 4 * n_seq + 3, "doc_idx": o_doc + 8,
-            "last_byte": full - 1}[where]
+    size = {"sizes": o_sizes + 2, "pointers": o_ptr + 4 * n_seq + 3, "doc_idx": o_doc + 8, "last_byte": full - 1}[where]
     cut(idx, size)
     msg = raises_naming(idx, IndexedDataset, corpus / "train")
     assert f"{size} bytes" in msg and f"implies {full}" in msg and "truncated?" in msg, msg
@@ -140,8 +139,9 @@ def test_idx_wrong_version(corpus, version):
     assert f"version {version}" in raises_naming(idx, IndexedDataset, corpus / "train")
 
 
-@pytest.mark.parametrize("code, words", [(0, "dtype code 0"), (9, "dtype code 9"), (255, "dtype code 255"),
-                                         (6, "float64"), (7, "float32")])
+@pytest.mark.parametrize(
+    "code, words", [(0, "dtype code 0"), (9, "dtype code 9"), (255, "dtype code 255"), (6, "float64"), (7, "float32")]
+)
 def test_idx_unsupported_dtype_code(corpus, code, words):
     idx = corpus / "train.idx"
     patch(idx, 17, "<B", code)
@@ -211,13 +211,16 @@ def test_negative_size(corpus):
     assert "negative sequence length at sequence 1" in raises_naming(idx, IndexedDataset, corpus / "train")
 
 
-@pytest.mark.parametrize("which, value, words", [
-    ("last", None, "(last"),          # doc_idx[-1] != sequence count
-    ("last", 1 << 40, "(last"),
-    ("first", 1, "(first 1)"),
-    ("middle", 1 << 62, "decrease"),   # a huge middle entry: would index past the sizes
-    ("middle", -1, "decrease"),
-])
+@pytest.mark.parametrize(
+    "which, value, words",
+    [
+        ("last", None, "(last"),  # doc_idx[-1] != sequence count
+        ("last", 1 << 40, "(last"),
+        ("first", 1, "(first 1)"),
+        ("middle", 1 << 62, "decrease"),  # a huge middle entry: would index past the sizes
+        ("middle", -1, "decrease"),
+    ],
+)
 def test_document_indices_inconsistent(corpus, which, value, words):
     idx = corpus / "train.idx"
     n_seq, n_doc, _, _, o_doc = idx_layout(idx)
@@ -313,8 +316,12 @@ def test_negative_id_in_signed_dataset(tmp_path):
 def test_id_check_through_open_data(corpus):
     from scaletrain.config import DataConfig
     from scaletrain.data.corpus import open_data
-    cfg = DataConfig(train_prefix=str(corpus / "train"), valid_prefix=str(corpus / "valid"),
-                     tokenizer=str(corpus / "tokenizer.model"))
+
+    cfg = DataConfig(
+        train_prefix=str(corpus / "train"),
+        valid_prefix=str(corpus / "valid"),
+        tokenizer=str(corpus / "tokenizer.model"),
+    )
     train, valid, _ = open_data(cfg, VOCAB)  # intact copy opens
     assert train.num_tokens and valid.num_tokens
     value = flip_token(corpus / "valid.bin", 100, 14)
@@ -322,14 +329,17 @@ def test_id_check_through_open_data(corpus):
     assert f"token id {value}" in msg and "at token 100" in msg
 
 
-@pytest.mark.parametrize("content, words", [
-    (b"\xff\xfe garbage", "not valid JSON"),
-    (b"{\"vocab_size\": 1024", "not valid JSON"),
-    (b"[1, 2]", "expected a JSON object"),
-    (None, "field 'tokenizer_sha256' must be a string"),
-    ("num_tokens", "field 'num_tokens' must be an integer"),
-    ("vocab_size", "field 'vocab_size' must be an integer"),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b"\xff\xfe garbage", "not valid JSON"),
+        (b'{"vocab_size": 1024', "not valid JSON"),
+        (b"[1, 2]", "expected a JSON object"),
+        (None, "field 'tokenizer_sha256' must be a string"),
+        ("num_tokens", "field 'num_tokens' must be an integer"),
+        ("vocab_size", "field 'vocab_size' must be an integer"),
+    ],
+)
 def test_hostile_sidecar(corpus, content, words):
     prefix, mfile = corpus / "train", meta_path(corpus / "train")
     if content is None:
@@ -376,9 +386,19 @@ def test_unreadable_idx(corpus):
 
 
 # ---------------- 6. end to end through the CLI
-SMALL = ["model.vocab_size=1024", "model.n_layers=2", "model.d_model=64", "model.n_heads=2", "model.seq_len=64",
-         "train.global_batch_size=16", "train.micro_batch_size=8", "train.dtype=fp32", "train.threads=1",
-         "train.max_steps=1", "train.progress=false"]
+SMALL = [
+    "model.vocab_size=1024",
+    "model.n_layers=2",
+    "model.d_model=64",
+    "model.n_heads=2",
+    "model.seq_len=64",
+    "train.global_batch_size=16",
+    "train.micro_batch_size=8",
+    "train.dtype=fp32",
+    "train.threads=1",
+    "train.max_steps=1",
+    "train.progress=false",
+]
 
 
 def _damage(root: Path, kind: str) -> Path:
@@ -426,8 +446,17 @@ def _damage(root: Path, kind: str) -> Path:
 
 
 def _cli_train(root: Path, run_dir: Path) -> list[str]:
-    args = ["train", "--set", f"data.train_prefix={root / 'train'}", "--set", f"data.valid_prefix={root / 'valid'}",
-            "--set", f"data.tokenizer={root / 'tokenizer.model'}", "--set", f"train.run_dir={run_dir}"]
+    args = [
+        "train",
+        "--set",
+        f"data.train_prefix={root / 'train'}",
+        "--set",
+        f"data.valid_prefix={root / 'valid'}",
+        "--set",
+        f"data.tokenizer={root / 'tokenizer.model'}",
+        "--set",
+        f"train.run_dir={run_dir}",
+    ]
     for kv in SMALL:
         args += ["--set", kv]
     return args
@@ -437,11 +466,26 @@ def _snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("kind", ["bin_minus2", "bin_zero", "idx_magic", "idx_cut_pointers", "idx_pointer_past_end",
-                                  "idx_doc_end", "bin_token_flip", "valid_token_flip", "missing_idx",
-                                  "missing_valid_bin", "sidecar_garbage", "missing_tokenizer"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "bin_minus2",
+        "bin_zero",
+        "idx_magic",
+        "idx_cut_pointers",
+        "idx_pointer_past_end",
+        "idx_doc_end",
+        "bin_token_flip",
+        "valid_token_flip",
+        "missing_idx",
+        "missing_valid_bin",
+        "sidecar_garbage",
+        "missing_tokenizer",
+    ],
+)
 def test_cli_train_on_damaged_data(corpus, tmp_path, capsys, kind):
     from scaletrain.cli.main import main
+
     named = _damage(corpus, kind)
     before = _snapshot(corpus)
     run = tmp_path / "run"
@@ -451,12 +495,13 @@ def test_cli_train_on_damaged_data(corpus, tmp_path, capsys, kind):
     lines = err.splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith("scaletrain: error: ") and str(named) in lines[0], lines[0]
-    assert not run.exists()            # nothing created for a run that never started
+    assert not run.exists()  # nothing created for a run that never started
     assert _snapshot(corpus) == before  # and the data directory is left as it was
 
 
 def test_cli_damaged_data_leaves_existing_run_dir_untouched(corpus, tmp_path, capsys):
     from scaletrain.cli.main import main
+
     run = tmp_path / "run"
     (run / "tensorboard").mkdir(parents=True)
     (run / "result.json").write_text('{"status": "success"}')
@@ -466,8 +511,11 @@ def test_cli_damaged_data_leaves_existing_run_dir_untouched(corpus, tmp_path, ca
     assert main(_cli_train(corpus, run)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("scaletrain: error: ") and str(named) in err
-    assert _snapshot(run) == before and sorted(p.name for p in run.iterdir()) == ["metrics.jsonl", "result.json",
-                                                                                    "tensorboard"]
+    assert _snapshot(run) == before and sorted(p.name for p in run.iterdir()) == [
+        "metrics.jsonl",
+        "result.json",
+        "tensorboard",
+    ]
 
 
 # ---------------- cost of the checks

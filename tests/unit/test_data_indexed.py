@@ -92,21 +92,31 @@ def _good_pair(tmp_path):
     return prefix
 
 
-@pytest.mark.parametrize("damage, file, words", [
-    (lambda p: _write_raw_idx(p.with_suffix(".idx"), 8, [3, 2], [0, 6], [0, 1, 2], header=b"MMIDIDX\x00\x01"),
-     ".idx", "not an MMIDIDX"),
-    (lambda p: _write_raw_idx(p.with_suffix(".idx"), 8, [3, 2], [0, 6], [0, 1, 2], version=2), ".idx", "version 2"),
-    (lambda p: _write_raw_idx(p.with_suffix(".idx"), 9, [3, 2], [0, 6], [0, 1, 2]), ".idx", "dtype code 9"),
-    (lambda p: _write_raw_idx(p.with_suffix(".idx"), 7, [3, 2], [0, 12], [0, 1, 2]), ".idx", "float32"),
-    (lambda p: _write_raw_idx(p.with_suffix(".idx"), 8, [3, 2], [0, 6], [0, 1, 2], n_doc_field=5), ".idx", "implies"),
-    (lambda p: _write_raw_idx(p.with_suffix(".idx"), 8, [3, 2], [0, 8], [0, 1, 2]), ".idx", "back to back"),
-    (lambda p: _write_raw_idx(p.with_suffix(".idx"), 8, [3, 2], [0, 6], [0, 2, 1]), ".idx", "document indices"),
-    (lambda p: p.with_suffix(".idx").write_bytes(b"MMIDIDX"), ".idx", "truncated index"),
-    (lambda p: p.with_suffix(".bin").write_bytes(p.with_suffix(".bin").read_bytes()[:-1]), ".bin", "truncated"),
-    (lambda p: p.with_suffix(".bin").write_bytes(p.with_suffix(".bin").read_bytes() + b"\0\0"), ".bin", "expects"),
-    (lambda p: p.with_suffix(".bin").unlink(), ".bin", "no such file"),
-    (lambda p: p.with_suffix(".idx").unlink(), ".idx", "no such file"),
-])
+@pytest.mark.parametrize(
+    "damage, file, words",
+    [
+        (
+            lambda p: _write_raw_idx(p.with_suffix(".idx"), 8, [3, 2], [0, 6], [0, 1, 2], header=b"MMIDIDX\x00\x01"),
+            ".idx",
+            "not an MMIDIDX",
+        ),
+        (lambda p: _write_raw_idx(p.with_suffix(".idx"), 8, [3, 2], [0, 6], [0, 1, 2], version=2), ".idx", "version 2"),
+        (lambda p: _write_raw_idx(p.with_suffix(".idx"), 9, [3, 2], [0, 6], [0, 1, 2]), ".idx", "dtype code 9"),
+        (lambda p: _write_raw_idx(p.with_suffix(".idx"), 7, [3, 2], [0, 12], [0, 1, 2]), ".idx", "float32"),
+        (
+            lambda p: _write_raw_idx(p.with_suffix(".idx"), 8, [3, 2], [0, 6], [0, 1, 2], n_doc_field=5),
+            ".idx",
+            "implies",
+        ),
+        (lambda p: _write_raw_idx(p.with_suffix(".idx"), 8, [3, 2], [0, 8], [0, 1, 2]), ".idx", "back to back"),
+        (lambda p: _write_raw_idx(p.with_suffix(".idx"), 8, [3, 2], [0, 6], [0, 2, 1]), ".idx", "document indices"),
+        (lambda p: p.with_suffix(".idx").write_bytes(b"MMIDIDX"), ".idx", "truncated index"),
+        (lambda p: p.with_suffix(".bin").write_bytes(p.with_suffix(".bin").read_bytes()[:-1]), ".bin", "truncated"),
+        (lambda p: p.with_suffix(".bin").write_bytes(p.with_suffix(".bin").read_bytes() + b"\0\0"), ".bin", "expects"),
+        (lambda p: p.with_suffix(".bin").unlink(), ".bin", "no such file"),
+        (lambda p: p.with_suffix(".idx").unlink(), ".idx", "no such file"),
+    ],
+)
 def test_damage_raises_dataerror_naming_file(tmp_path, damage, file, words):
     prefix = _good_pair(tmp_path)
     IndexedDataset(prefix)  # intact first

@@ -54,11 +54,14 @@ def test_missing_text_field(tmp_path):
         list(read_documents([j]))
 
 
-@pytest.mark.parametrize("name, content, words", [
-    ("corrupt.json.gz", b"not gzip at all", "cannot read"),
-    ("latin1.txt", "café".encode("latin-1"), "not UTF-8"),
-    ("data.parquet", b"PAR1", "unsupported file type"),
-])
+@pytest.mark.parametrize(
+    "name, content, words",
+    [
+        ("corrupt.json.gz", b"not gzip at all", "cannot read"),
+        ("latin1.txt", "café".encode("latin-1"), "not UTF-8"),
+        ("data.parquet", b"PAR1", "unsupported file type"),
+    ],
+)
 def test_unreadable_files(tmp_path, name, content, words):
     p = tmp_path / name
     p.write_bytes(content)
@@ -79,12 +82,14 @@ EXCERPT = __import__("pathlib").Path(__import__("scaletrain").__file__).parent /
 
 def _tokens(prefix):
     from scaletrain.data.indexed import IndexedDataset
+
     ds = IndexedDataset(prefix)
     return [ds[i].tolist() for i in range(len(ds))]
 
 
 def test_text_pieces_cut_at_single_spaces_else_at_the_limit():
     from scaletrain.data.prepare import text_pieces
+
     # The seam is a single space between two non-space characters; the space starts the next piece.
     assert list(text_pieces("aaa bbb ccc ddd", 8)) == ["aaa bbb", " ccc ddd"]
     assert list(text_pieces("aaaa  bbbbbbbbbb", 8)) == ["aaaa", "  bbbbbb", "bbbb"]  # a run of spaces too
@@ -100,6 +105,7 @@ def test_streamed_long_documents_store_the_whole_text_tokens(excerpt_corpus, tmp
     """Documents longer than ENCODE_PIECE_CHARS go through text_pieces; the stored ids equal whole-text encoding."""
     import scaletrain.data.prepare as prep
     from scaletrain.data.tokenizer import Tokenizer
+
     tok = Tokenizer(excerpt_corpus.tokenizer)
     docs = [p.read_text(encoding="utf-8")[:60000] for p in sorted(EXCERPT.glob("*.txt"))]
     seams = [piece for d in docs for piece in list(prep.text_pieces(d, piece_chars))[1:]]
@@ -115,9 +121,11 @@ def test_streamed_long_documents_store_the_whole_text_tokens(excerpt_corpus, tmp
 def test_small_documents_are_not_streamed_and_unchanged(excerpt_corpus, tmp_path, monkeypatch):
     import scaletrain.data.prepare as prep
     from scaletrain.data.tokenizer import Tokenizer
+
     tok = Tokenizer(excerpt_corpus.tokenizer)
-    docs = [line for line in (EXCERPT / "macbeth_acts_1_2.txt").read_text(encoding="utf-8").split("\n\n")
-            if line.strip()][:200]
+    docs = [
+        line for line in (EXCERPT / "macbeth_acts_1_2.txt").read_text(encoding="utf-8").split("\n\n") if line.strip()
+    ][:200]
     src = tmp_path / "d.jsonl"
     src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
     monkeypatch.setattr(prep, "text_pieces", lambda *a: pytest.fail("a small document was streamed"))
@@ -154,8 +162,13 @@ def test_one_huge_jsonl_line_is_prepared_in_bounded_memory(excerpt_corpus, tmp_p
     del text
 
     def peak_kib(*args):
-        out = subprocess.run([sys.executable, "-c", _PEAK, str(excerpt_corpus.tokenizer), *args],
-                             capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONMALLOC": ""})
+        out = subprocess.run(
+            [sys.executable, "-c", _PEAK, str(excerpt_corpus.tokenizer), *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONMALLOC": ""},
+        )
         assert out.returncode == 0, out.stderr
         return int(out.stdout.split()[-1])
 

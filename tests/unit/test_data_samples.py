@@ -34,8 +34,8 @@ def test_samples_are_stream_slices_with_shifted_masked_labels(dataset, stream):
     x, y = ts.batch(0, 12)
     assert x.dtype == torch.long and y.dtype == torch.long and x.shape == (12, S) == y.shape
     for row, k in enumerate(ids):
-        assert x[row].tolist() == stream[k * S:(k + 1) * S].tolist()
-        assert y[row, :-1].tolist() == stream[k * S + 1:(k + 1) * S].tolist()
+        assert x[row].tolist() == stream[k * S : (k + 1) * S].tolist()
+        assert y[row, :-1].tolist() == stream[k * S + 1 : (k + 1) * S].tolist()
         assert y[row, -1].item() == IGNORE_INDEX
 
 
@@ -104,7 +104,7 @@ def _check_valid(tokens, seq_len, micro):
     assert x.shape == (vs.num_sequences, seq_len) == (-(-n // seq_len), seq_len)
     flat_x, flat_y = x.reshape(-1), y.reshape(-1)
     assert flat_x[:n].tolist() == tokens.tolist()  # every token an input exactly once, in order
-    assert (flat_x[n:] == 0).all() and (flat_y[n - 1:] == IGNORE_INDEX).all()  # padding masked
+    assert (flat_x[n:] == 0).all() and (flat_y[n - 1 :] == IGNORE_INDEX).all()  # padding masked
     assert (y[:, -1] == IGNORE_INDEX).all()  # last position of every sequence has no label
     mask = flat_y != IGNORE_INDEX
     assert int(mask.sum()) == vs.num_label_tokens

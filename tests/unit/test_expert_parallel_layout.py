@@ -11,11 +11,27 @@ from scaletrain.cli.main import main
 from scaletrain.config import ConfigError, resolve
 from scaletrain.parallel.layout import Layout, LayoutError
 
-TINY_DSV3 = ["model.n_layers=3", "model.d_model=32", "model.n_heads=4", "model.d_ff=48", "model.vocab_size=300",
-             "model.moe.n_experts=8", "model.moe.n_groups=4", "model.moe.topk_groups=2", "model.moe.top_k=2",
-             "model.moe.d_ff_expert=16", "model.moe.first_dense=1", "model.mla.q_lora_rank=24",
-             "model.mla.kv_lora_rank=16", "model.mla.qk_nope_head_dim=8", "model.mla.qk_rope_head_dim=4",
-             "model.mla.v_head_dim=8", "model.seq_len=16", "train.global_batch_size=16", "train.micro_batch_size=2"]
+TINY_DSV3 = [
+    "model.n_layers=3",
+    "model.d_model=32",
+    "model.n_heads=4",
+    "model.d_ff=48",
+    "model.vocab_size=300",
+    "model.moe.n_experts=8",
+    "model.moe.n_groups=4",
+    "model.moe.topk_groups=2",
+    "model.moe.top_k=2",
+    "model.moe.d_ff_expert=16",
+    "model.moe.first_dense=1",
+    "model.mla.q_lora_rank=24",
+    "model.mla.kv_lora_rank=16",
+    "model.mla.qk_nope_head_dim=8",
+    "model.mla.qk_rope_head_dim=4",
+    "model.mla.v_head_dim=8",
+    "model.seq_len=16",
+    "train.global_batch_size=16",
+    "train.micro_batch_size=2",
+]
 
 
 def moe_layout(world, *over):
@@ -33,11 +49,14 @@ def test_ep_borrows_dp_shard():
     assert moe_layout(4).ep == 1 and "ep" not in moe_layout(4).describe()
 
 
-@pytest.mark.parametrize("preset,over,needle", [
-    ("deepseek-v3-671b", ["parallel.ep=3"], "parallel.ep=3: must divide model.moe.n_experts=8"),
-    ("deepseek-v3-671b", ["parallel.ep=0"], "parallel.ep=0: must be >= 1"),
-    ("gpt3-proxy", ["parallel.ep=2"], "parallel.ep=2: expert parallelism needs an MoE model"),
-])
+@pytest.mark.parametrize(
+    "preset,over,needle",
+    [
+        ("deepseek-v3-671b", ["parallel.ep=3"], "parallel.ep=3: must divide model.moe.n_experts=8"),
+        ("deepseek-v3-671b", ["parallel.ep=0"], "parallel.ep=0: must be >= 1"),
+        ("gpt3-proxy", ["parallel.ep=2"], "parallel.ep=2: expert parallelism needs an MoE model"),
+    ],
+)
 def test_bad_ep_in_the_config(preset, over, needle):
     extra = TINY_DSV3 if preset == "deepseek-v3-671b" else []
     with pytest.raises(ConfigError) as err:
@@ -45,20 +64,42 @@ def test_bad_ep_in_the_config(preset, over, needle):
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
-TINY_GPT_OSS = ["model.n_layers=2", "model.d_model=32", "model.n_heads=4", "model.n_kv_heads=2", "model.head_dim=8",
-                "model.moe.n_experts=4", "model.moe.top_k=2", "model.moe.d_ff_expert=16", "model.seq_len=16",
-                "train.global_batch_size=16", "train.micro_batch_size=2"]
+TINY_GPT_OSS = [
+    "model.n_layers=2",
+    "model.d_model=32",
+    "model.n_heads=4",
+    "model.n_kv_heads=2",
+    "model.head_dim=8",
+    "model.moe.n_experts=4",
+    "model.moe.top_k=2",
+    "model.moe.d_ff_expert=16",
+    "model.seq_len=16",
+    "train.global_batch_size=16",
+    "train.micro_batch_size=2",
+]
 
 
-@pytest.mark.parametrize("model,world,over,needle", [
-    ("dsv3", 4, ["parallel.ep=8"], "parallel.ep=8: must divide dp_shard x cp x tp = 4"),
-    ("dsv3", 2, ["parallel.ep=2", "parallel.dp_replicate=2"], "parallel.ep=2: must divide dp_shard x cp x tp = 1"),
-    ("dsv3", 4, ["parallel.tp=2"], "parallel.tp=2: model.arch='deepseek_v3' has no tensor-parallel plan for its"),
-    ("gpt_oss", 4, ["parallel.tp=2"], "parallel.tp=2 with MoE layers needs parallel.ep a multiple of tp"),
-    ("gpt_oss", 8, ["parallel.tp=4", "parallel.ep=2"], "parallel.ep=2 with parallel.tp=4: ep must be a multiple of"),
-    ("gpt_oss", 4, ["parallel.tp=2", "parallel.ep=2", "parallel.sequence_parallel=false"],
-     "parallel.tp=2 with MoE layers needs parallel.sequence_parallel=true"),
-])
+@pytest.mark.parametrize(
+    "model,world,over,needle",
+    [
+        ("dsv3", 4, ["parallel.ep=8"], "parallel.ep=8: must divide dp_shard x cp x tp = 4"),
+        ("dsv3", 2, ["parallel.ep=2", "parallel.dp_replicate=2"], "parallel.ep=2: must divide dp_shard x cp x tp = 1"),
+        ("dsv3", 4, ["parallel.tp=2"], "parallel.tp=2: model.arch='deepseek_v3' has no tensor-parallel plan for its"),
+        ("gpt_oss", 4, ["parallel.tp=2"], "parallel.tp=2 with MoE layers needs parallel.ep a multiple of tp"),
+        (
+            "gpt_oss",
+            8,
+            ["parallel.tp=4", "parallel.ep=2"],
+            "parallel.ep=2 with parallel.tp=4: ep must be a multiple of",
+        ),
+        (
+            "gpt_oss",
+            4,
+            ["parallel.tp=2", "parallel.ep=2", "parallel.sequence_parallel=false"],
+            "parallel.tp=2 with MoE layers needs parallel.sequence_parallel=true",
+        ),
+    ],
+)
 def test_bad_ep_in_the_layout(model, world, over, needle):
     with pytest.raises(LayoutError) as err:
         if model == "dsv3":
@@ -76,9 +117,25 @@ def test_ep_borrows_tp_ranks():
 
 
 def test_dry_run_deepseek_v3_671b_on_1024_gb300_with_ep64(capsys):
-    code = main(["train", "--dry-run", "--json", "--world-size", "1024", "--gpu", "gb300", "--preset",
-                 "deepseek-v3-671b", "--set", "parallel.ep=64", "--set", "train.global_batch_size=15360",
-                 "--set", "train.micro_batch_size=1"])
+    code = main(
+        [
+            "train",
+            "--dry-run",
+            "--json",
+            "--world-size",
+            "1024",
+            "--gpu",
+            "gb300",
+            "--preset",
+            "deepseek-v3-671b",
+            "--set",
+            "parallel.ep=64",
+            "--set",
+            "train.global_batch_size=15360",
+            "--set",
+            "train.micro_batch_size=1",
+        ]
+    )
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and report["fits"] and report["layout"] == "dp_shard1024 x ep64 = 1024 ranks"
     assert report["experts"] == {"per_layer": 256, "ep": 64, "per_ep_rank": 4, "fsdp_ranks": 16}

@@ -20,8 +20,12 @@ from scaletrain.config import ConfigError, resolve
 from scaletrain.model.build import build_model
 
 Float8Linear, Float8LoraLinear, convert_to_float8 = fp8.Float8Linear, fp8.Float8LoraLinear, fp8.convert_to_float8
-float8_config, float8_linears, fp8_supported, recipe_name = (fp8.float8_config, fp8.float8_linears, fp8.fp8_supported,
-                                                             fp8.recipe_name)
+float8_config, float8_linears, fp8_supported, recipe_name = (
+    fp8.float8_config,
+    fp8.float8_linears,
+    fp8.fp8_supported,
+    fp8.recipe_name,
+)
 from torchao.float8 import ScalingGranularity  # noqa: E402
 from torchao.float8.float8_linear import Float8Linear as TorchaoFloat8Linear  # noqa: E402
 
@@ -31,8 +35,13 @@ def _rel(a, b):
 
 
 def _model(preset, n_layers=4, meta=False):
-    over = ["model.vocab_size=1024", f"model.n_layers={n_layers}", "model.d_model=64", "model.n_heads=4",
-            "model.seq_len=32"]
+    over = [
+        "model.vocab_size=1024",
+        f"model.n_layers={n_layers}",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.seq_len=32",
+    ]
     cfg = resolve(preset, overrides=over + (["model.n_kv_heads=2"] if "llama" in preset else []))
     if meta:
         with torch.device("meta"):
@@ -130,6 +139,7 @@ def test_autocast_on_cpu_quantizes_the_bf16_input_as_torchao_does_on_cuda():
 
 def test_lora_base_gemm_in_fp8_adapters_stay_bf16():
     from scaletrain.model.lora import LoraAdapter, apply_lora, init_lora
+
     cfg, model = _model("llama-proxy")
     lora = resolve("llama-proxy", overrides=["lora.rank=4", "lora.dropout=0", "lora.targets=['qkv','fc2']"]).lora
     apply_lora(model, lora)
@@ -139,8 +149,7 @@ def test_lora_base_gemm_in_fp8_adapters_stay_bf16():
     assert type(qkv) is Float8LoraLinear and type(fc) is Float8Linear
     assert type(model.blocks["0"].attn.qkv).__name__ == "LoraLinear"  # a skipped block keeps its bf16 LoRA
     adapters = [m for m in model.modules() if isinstance(m, LoraAdapter)]
-    assert len(adapters) == 4 * 2 and not any(isinstance(c, TorchaoFloat8Linear) for a in adapters
-                                              for c in a.modules())
+    assert len(adapters) == 4 * 2 and not any(isinstance(c, TorchaoFloat8Linear) for a in adapters for c in a.modules())
     assert float8_linears(model) == MIDDLE  # the adapters (siblings `*_lora`) are not converted
     x = torch.randn(2, 8, 64)
     assert torch.equal(qkv(x), Float8Linear.forward(qkv, x) + qkv._lora_adapter(x))
@@ -160,11 +169,13 @@ def test_unsupported_linear_is_left_alone_with_a_warning(capsys):
     assert convert_to_float8(model, emulate=True) == 2 * 4 - 1
     assert type(model.blocks["1"].mlp.fc) is OtherLinear
     assert capsys.readouterr().err == (
-        "scaletrain: warning: convert_to_float8: left in high precision (unsupported kind): blocks.1.mlp.fc\n")
+        "scaletrain: warning: convert_to_float8: left in high precision (unsupported kind): blocks.1.mlp.fc\n"
+    )
 
 
 def test_pipeline_stage_keeps_global_first_last():
     from scaletrain.parallel.pipeline import cut_stage
+
     _, model = _model("gpt3-proxy")
     stage = cut_stage(model, 1, 2)
     assert convert_to_float8(stage, emulate=True) == 4  # blocks 2, 3: 3 is the last of the whole model
@@ -173,6 +184,7 @@ def test_pipeline_stage_keeps_global_first_last():
 
 def test_meta_conversion_with_fsdp_all_gather_materialises_and_inits():
     from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
     _, ref = _model("llama-proxy")
     _, model = _model("llama-proxy", meta=True)
     convert_to_float8(model, "tensorwise", emulate=True, fsdp_all_gather=True)
@@ -196,27 +208,51 @@ def test_tensor_parallel_plan_takes_torchao_styles_where_it_can():
 
     from scaletrain.model.lora import apply_lora
     from scaletrain.parallel.tensor_parallel import _sublayer_plan
-    for recipe, lora, fp8_styles in (("tensorwise", False, True), ("rowwise", False, False),
-                                     ("tensorwise", True, False)):
+
+    for recipe, lora, fp8_styles in (
+        ("tensorwise", False, True),
+        ("rowwise", False, False),
+        ("tensorwise", True, False),
+    ):
         _, model = _model("llama-proxy")
         if lora:
             apply_lora(model, resolve("llama-proxy", overrides=["lora.rank=4", "lora.targets=['fc1','fc2']"]).lora)
         convert_to_float8(model, recipe, emulate=True)
-        for b, fp8 in (("0", False), ("1", fp8_styles)):
+        for b, is_fp8 in (("0", False), ("1", fp8_styles)):
             plan = _sublayer_plan(model.blocks[b], "mlp", "fc", "proj", Shard(1))
-            assert isinstance(plan["mlp"], PrepareFloat8ModuleInput) == fp8 and isinstance(plan["mlp"], PrepareModuleInput)
-            assert type(plan["mlp.fc"]) is (Float8ColwiseParallel if fp8 else ColwiseParallel)
-            assert type(plan["mlp.proj"]) is (Float8RowwiseParallel if fp8 else RowwiseParallel)
+            assert isinstance(plan["mlp"], PrepareFloat8ModuleInput) == is_fp8 and isinstance(
+                plan["mlp"], PrepareModuleInput
+            )
+            assert type(plan["mlp.fc"]) is (Float8ColwiseParallel if is_fp8 else ColwiseParallel)
+            assert type(plan["mlp.proj"]) is (Float8RowwiseParallel if is_fp8 else RowwiseParallel)
 
 
 def _train(corpus, tmp_path, tag, *extra, steps=100):
     from scaletrain.train.engine import Trainer
-    over = [f"data.train_prefix={corpus.train_prefix}", f"data.valid_prefix={corpus.valid_prefix}",
-            f"data.tokenizer={corpus.tokenizer}", "model.vocab_size=1024", "model.n_layers=4", "model.d_model=64",
-            "model.n_heads=2", "model.seq_len=64", "train.global_batch_size=16", "train.micro_batch_size=16",
-            "train.dtype=bf16", "train.threads=1", "train.eval_interval_samples=100000", "optim.lr=2e-3",
-            "optim.warmup_samples=160", "optim.decay_samples=3200", "train.progress=false",
-            "train.target_eval_loss=0.1", f"train.max_steps={steps}", f"train.run_dir={tmp_path / tag}", *extra]
+
+    over = [
+        f"data.train_prefix={corpus.train_prefix}",
+        f"data.valid_prefix={corpus.valid_prefix}",
+        f"data.tokenizer={corpus.tokenizer}",
+        "model.vocab_size=1024",
+        "model.n_layers=4",
+        "model.d_model=64",
+        "model.n_heads=2",
+        "model.seq_len=64",
+        "train.global_batch_size=16",
+        "train.micro_batch_size=16",
+        "train.dtype=bf16",
+        "train.threads=1",
+        "train.eval_interval_samples=100000",
+        "optim.lr=2e-3",
+        "optim.warmup_samples=160",
+        "optim.decay_samples=3200",
+        "train.progress=false",
+        "train.target_eval_loss=0.1",
+        f"train.max_steps={steps}",
+        f"train.run_dir={tmp_path / tag}",
+        *extra,
+    ]
     trainer = Trainer(resolve("gpt3-proxy", overrides=over), tmp_path / tag)
     trainer.init()
     n_fp8 = len(float8_linears(trainer.model)) if "train.fp8=true" in extra else 0
@@ -253,19 +289,26 @@ def test_fp8_training_tracks_bf16(excerpt_corpus, tmp_path):
 
 def test_config_validation_messages():
     assert resolve("gpt3-proxy", overrides=["train.fp8=true"]).train.fp8_recipe == "tensorwise"
-    for ok in (["train.fp8=true", "parallel.tp=2"], ["train.fp8=true", "train.fp8_recipe=current"],
-               ["train.fp8=true", "train.fp8_recipe=rowwise", "parallel.tp=4", "parallel.cp=2"]):
+    for ok in (
+        ["train.fp8=true", "parallel.tp=2"],
+        ["train.fp8=true", "train.fp8_recipe=current"],
+        ["train.fp8=true", "train.fp8_recipe=rowwise", "parallel.tp=4", "parallel.cp=2"],
+    ):
         resolve("gpt3-proxy", overrides=ok)  # FP8 with tensor parallelism runs now
     cases = {
         ("train.fp8_recipe=delayed",): "train.fp8_recipe='delayed': removed with the move to torchao.float8",
         ("train.fp8_recipe=blockwise",): "train.fp8_recipe='blockwise': must be one of ['tensorwise', 'rowwise', "
-                                         "'current']",
+        "'current']",
         ("train.fp8=true", "train.dtype=fp32"): "train.fp8 needs train.dtype='bf16'",
         ("train.fp8=true", "model.d_model=72", "model.n_heads=3"): "train.fp8: model.d_model = 72 is not a multiple "
-                                                                   "of 16, which FP8 GEMMs",
+        "of 16, which FP8 GEMMs",
         ("train.fp8=true", "parallel.tp=8"): "model.d_model / parallel.tp = 8 is not a multiple of 16",
-        ("train.fp8=true", "model.seq_len=8", "train.micro_batch_size=1", "train.global_batch_size=8"):
-            "(train.micro_batch_size * model.seq_len / parallel.cp) = 8 is not a multiple of 16",
+        (
+            "train.fp8=true",
+            "model.seq_len=8",
+            "train.micro_batch_size=1",
+            "train.global_batch_size=8",
+        ): "(train.micro_batch_size * model.seq_len / parallel.cp) = 8 is not a multiple of 16",
     }
     for over, message in cases.items():
         with pytest.raises(ConfigError, match=re.escape(message)):

@@ -17,11 +17,29 @@ def _tiny_pair(seed: int = 0):
     from transformers import GptOssConfig, GptOssForCausalLM
 
     hf_cfg = GptOssConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=24, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
-        max_position_embeddings=256, rms_norm_eps=1e-5, swiglu_limit=1.5, swiglu_alpha=1.702,
-        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
-                         "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 16},
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=24,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=4,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        swiglu_limit=1.5,
+        swiglu_alpha=1.702,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 16,
+        },
         attn_implementation="eager",
     )
     torch.manual_seed(seed)
@@ -30,9 +48,24 @@ def _tiny_pair(seed: int = 0):
         for p in hf.parameters():
             p.normal_(0, 0.25)
     cfg = ModelConfig(
-        arch="gpt_oss", n_layers=3, d_model=64, n_heads=4, n_kv_heads=2, head_dim=24, seq_len=32, vocab_size=256,
-        vocab_multiple=128, ln_eps=1e-5, rope_theta=150000.0, rope_scaling="yarn", rope_factor=32.0,
-        rope_original_seq_len=16, rope_yarn_truncate=False, swiglu_limit=1.5, sliding_window=4, attn_sinks=True,
+        arch="gpt_oss",
+        n_layers=3,
+        d_model=64,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=24,
+        seq_len=32,
+        vocab_size=256,
+        vocab_multiple=128,
+        ln_eps=1e-5,
+        rope_theta=150000.0,
+        rope_scaling="yarn",
+        rope_factor=32.0,
+        rope_original_seq_len=16,
+        rope_yarn_truncate=False,
+        swiglu_limit=1.5,
+        sliding_window=4,
+        attn_sinks=True,
         moe=MoEConfig(n_experts=4, top_k=2, d_ff_expert=24, router_bias=True, score_func="softmax"),
     )
     return hf, cfg
@@ -46,14 +79,18 @@ def _fuse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_kv: int) -> torch
 
 
 def _hf_to_ours(hf_sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    sd = {"embed.tok.weight": hf_sd["model.embed_tokens.weight"], "ln_f.weight": hf_sd["model.norm.weight"],
-          "head.weight": hf_sd["lm_head.weight"]}
+    sd = {
+        "embed.tok.weight": hf_sd["model.embed_tokens.weight"],
+        "ln_f.weight": hf_sd["model.norm.weight"],
+        "head.weight": hf_sd["lm_head.weight"],
+    }
     for i in range(cfg.n_layers):
         h, o = f"model.layers.{i}.", f"blocks.{i}."
         a = h + "self_attn."
         for kind in ("weight", "bias"):
-            sd[o + f"attn.qkv.{kind}"] = _fuse(hf_sd[a + f"q_proj.{kind}"], hf_sd[a + f"k_proj.{kind}"],
-                                               hf_sd[a + f"v_proj.{kind}"], cfg.kv_heads)
+            sd[o + f"attn.qkv.{kind}"] = _fuse(
+                hf_sd[a + f"q_proj.{kind}"], hf_sd[a + f"k_proj.{kind}"], hf_sd[a + f"v_proj.{kind}"], cfg.kv_heads
+            )
             sd[o + f"attn.proj.{kind}"] = hf_sd[a + f"o_proj.{kind}"]
             sd[o + f"mlp.router.gate.{kind}"] = hf_sd[h + f"mlp.router.{kind}"]
         sd[o + "attn.sinks"] = hf_sd[a + "sinks"]
@@ -106,9 +143,20 @@ def test_sliding_layers_alternate_and_window_masks_old_tokens():
 def test_preset_is_the_published_shape():
     cfg = resolve("gpt-oss-20b").model
     assert (cfg.arch, cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_size) == (
-        "gpt_oss", 24, 2880, 64, 8, 64)
+        "gpt_oss",
+        24,
+        2880,
+        64,
+        8,
+        64,
+    )
     assert (cfg.vocab_size, cfg.seq_len, cfg.sliding_window, cfg.attn_sinks, cfg.rope_kind) == (
-        201088, 8192, 128, True, "yarn")
+        201088,
+        8192,
+        128,
+        True,
+        "yarn",
+    )
     m = cfg.moe
     assert (m.n_experts, m.top_k, m.d_ff_expert, m.router_bias, m.n_shared) == (32, 4, 2880, True, 0)
     with torch.device("meta"):
@@ -123,25 +171,42 @@ def test_preset_is_the_published_shape():
 
 
 def test_moe_model_trains_a_step():
-    cfg = resolve("gpt-oss-20b", overrides=["model.n_layers=2", "model.d_model=32", "model.n_heads=4",
-                                            "model.n_kv_heads=2", "model.head_dim=8", "model.vocab_size=300",
-                                            "model.moe.n_experts=4", "model.moe.top_k=2", "model.moe.d_ff_expert=16",
-                                            "model.sliding_window=4"]).model
+    cfg = resolve(
+        "gpt-oss-20b",
+        overrides=[
+            "model.n_layers=2",
+            "model.d_model=32",
+            "model.n_heads=4",
+            "model.n_kv_heads=2",
+            "model.head_dim=8",
+            "model.vocab_size=300",
+            "model.moe.n_experts=4",
+            "model.moe.top_k=2",
+            "model.moe.d_ff_expert=16",
+            "model.sliding_window=4",
+        ],
+    ).model
     model = GptOss(cfg, seed=3)
     tokens = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     logits = model(tokens)
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
     loss.backward()
     assert all(p.grad is not None for n, p in model.named_parameters() if ".experts." not in n)
-    assert GptOss(cfg, seed=3).state_dict()["blocks.0.mlp.experts.w_in"].equal(
-        model.state_dict()["blocks.0.mlp.experts.w_in"])  # init is a function of the seed
+    assert (
+        GptOss(cfg, seed=3)
+        .state_dict()["blocks.0.mlp.experts.w_in"]
+        .equal(model.state_dict()["blocks.0.mlp.experts.w_in"])
+    )  # init is a function of the seed
 
 
-@pytest.mark.parametrize("override,message", [
-    ("model.rope_beta_slow=40", r"model.rope_beta_slow=40.0, model.rope_beta_fast=32.0: need 0 < slow < fast"),
-    ("model.sliding_window=-1", r"model.sliding_window=-1, model.sliding_window_pattern=2: must be >= 0"),
-    ("model.swiglu_alpha=0", r"model.swiglu_limit=7.0, model.swiglu_alpha=0.0: need limit >= 0, alpha > 0"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("model.rope_beta_slow=40", r"model.rope_beta_slow=40.0, model.rope_beta_fast=32.0: need 0 < slow < fast"),
+        ("model.sliding_window=-1", r"model.sliding_window=-1, model.sliding_window_pattern=2: must be >= 0"),
+        ("model.swiglu_alpha=0", r"model.swiglu_limit=7.0, model.swiglu_alpha=0.0: need limit >= 0, alpha > 0"),
+    ],
+)
 def test_bad_gpt_oss_fields_get_one_line_errors(override, message):
     from scaletrain.config import ConfigError
 
@@ -156,9 +221,18 @@ def test_yarn_frequencies_match_hugging_face():
     from scaletrain.model.rope import Rope
 
     for truncate in (False, True):
-        hf_cfg = GptOssConfig(head_dim=64, rope_parameters={
-            "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-            "truncate": truncate, "original_max_position_embeddings": 4096})
+        hf_cfg = GptOssConfig(
+            head_dim=64,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 32.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": truncate,
+                "original_max_position_embeddings": 4096,
+            },
+        )
         inv_freq, scale = ROPE_INIT_FUNCTIONS["yarn"](hf_cfg, "cpu")
         rope = Rope(150000.0, "yarn", factor=32.0, original_seq_len=4096, truncate=truncate)
         assert torch.allclose(rope.inv_freq(64), inv_freq, rtol=1e-6) and rope.attention_factor == pytest.approx(scale)
@@ -171,8 +245,20 @@ def test_a_llama_with_yarn_exports_to_hugging_face_exactly(tmp_path):
     from scaletrain.checkpoint.hf import export_hf
     from scaletrain.model.llama import Llama
 
-    cfg = ModelConfig(arch="llama", n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_ff=48, seq_len=64,
-                      vocab_size=128, init_std=0.3, rope_scaling="yarn", rope_factor=8.0, rope_original_seq_len=8)
+    cfg = ModelConfig(
+        arch="llama",
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=48,
+        seq_len=64,
+        vocab_size=128,
+        init_std=0.3,
+        rope_scaling="yarn",
+        rope_factor=8.0,
+        rope_original_seq_len=8,
+    )
     ours = Llama(cfg, seed=1).eval()
     hf = LlamaForCausalLM.from_pretrained(export_hf(ours.state_dict(), cfg, tmp_path / "hf")).eval()
     tokens = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(2))

@@ -48,8 +48,11 @@ def tiny():
 # d_ff != 4*d_model (HF n_inner) and a vocabulary that is already a multiple of 128 (no padding rows).
 @pytest.fixture(scope="module", params=["padded-vocab", "n_inner-unpadded"])
 def either(request, tiny):
-    return tiny if request.param == "padded-vocab" else trained(["model.d_ff=96", "model.vocab_size=256",
-                                                                  "model.n_heads=2"])
+    return (
+        tiny
+        if request.param == "padded-vocab"
+        else trained(["model.d_ff=96", "model.vocab_size=256", "model.n_heads=2"])
+    )
 
 
 @pytest.fixture(scope="module")
@@ -116,9 +119,20 @@ def test_import_of_a_transformers_save(tmp_path, tokens, vocab, multiple):
     """A directory written by transformers itself (no scaletrain keys): vocab_multiple reproduces the rows."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=vocab, n_positions=32, n_embd=64, n_layer=2, n_head=4, n_inner=128,
-        activation_function="gelu_pytorch_tanh", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).eval()
+    hf = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            vocab_size=vocab,
+            n_positions=32,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_inner=128,
+            activation_function="gelu_pytorch_tanh",
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+    ).eval()
     with torch.no_grad():
         for p in hf.parameters():
             p.add_(torch.randn_like(p) * 0.02)  # nonzero biases, LayerNorms off (1, 0)

@@ -14,11 +14,19 @@ from scaletrain.checkpoint.hf.sharded import load_hf_sharded  # noqa: E402
 from scaletrain.config import ModelConfig  # noqa: E402
 from scaletrain.model.build import build_model  # noqa: E402
 
-LLAMA = ModelConfig(arch="llama", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=96, seq_len=32,
-                    vocab_size=250)
+LLAMA = ModelConfig(arch="llama", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=96, seq_len=32, vocab_size=250)
 GPT = ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=32, vocab_size=250)
-LLAMA31 = ModelConfig(arch="llama31", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=96, seq_len=32,
-                      vocab_size=250, rope_original_seq_len=8)
+LLAMA31 = ModelConfig(
+    arch="llama31",
+    n_layers=2,
+    d_model=64,
+    n_heads=4,
+    n_kv_heads=2,
+    d_ff=96,
+    seq_len=32,
+    vocab_size=250,
+    rope_original_seq_len=8,
+)
 
 
 def _export(cfg, out):
@@ -35,7 +43,7 @@ def _split(src, out):
     (out / "config.json").write_text((src / "config.json").read_text())
     tensors = st.load_file(src / "model.safetensors")
     names, weight_map = sorted(tensors), {}
-    for i, chunk in enumerate((names[: len(names) // 2], names[len(names) // 2:])):
+    for i, chunk in enumerate((names[: len(names) // 2], names[len(names) // 2 :])):
         file = f"model-{i + 1:05d}-of-00002.safetensors"
         st.save_file({n: tensors[n] for n in chunk}, out / file, metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(chunk, file))
@@ -43,8 +51,11 @@ def _split(src, out):
     return out
 
 
-@pytest.mark.parametrize("cfg, importer", [(LLAMA, import_llama_hf), (LLAMA31, import_llama_hf), (GPT, import_gpt2_hf)],
-                         ids=["llama", "llama31", "gpt2"])
+@pytest.mark.parametrize(
+    "cfg, importer",
+    [(LLAMA, import_llama_hf), (LLAMA31, import_llama_hf), (GPT, import_gpt2_hf)],
+    ids=["llama", "llama31", "gpt2"],
+)
 def test_one_rank_reads_every_byte_once_into_the_imported_state(cfg, importer, tmp_path):
     out = _export(cfg, tmp_path / "hf")
     model = build_model(cfg, seed=9)
@@ -82,11 +93,15 @@ def _truncated(d):
     return "model-00002-of-00002.safetensors: Error while deserializing header"
 
 
-@pytest.mark.parametrize("damage", [_missing_shard, _wrong_shape, _missing_tensor, _truncated],
-                         ids=["missing_shard", "wrong_shape", "missing_tensor", "truncated"])
+@pytest.mark.parametrize(
+    "damage",
+    [_missing_shard, _wrong_shape, _missing_tensor, _truncated],
+    ids=["missing_shard", "wrong_shape", "missing_tensor", "truncated"],
+)
 def test_bad_directory_is_one_line_naming_the_file(damage, tmp_path, monkeypatch):
     from scaletrain.checkpoint.init_from import load_init_weights
     from scaletrain.checkpoint.store import CheckpointError
+
     d = _split(_export(LLAMA, tmp_path / "hf"), tmp_path / "split")
     expected = damage(d)
     with pytest.raises(ValueError) as err:

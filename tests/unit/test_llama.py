@@ -15,8 +15,9 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 from scaletrain.checkpoint.hf import export_hf, export_llama_hf, import_llama_hf  # noqa: E402
 
-TINY = ModelConfig(arch="llama", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=128, seq_len=32,
-                   vocab_size=256, init_std=0.02)
+TINY = ModelConfig(
+    arch="llama", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=128, seq_len=32, vocab_size=256, init_std=0.02
+)
 ATOL = 1e-5
 
 
@@ -29,9 +30,17 @@ def tokens():
 def hf_dir(tmp_path_factory):
     """A randomly initialised transformers Llama (GQA 4:2, RMSNorm weights moved off 1) saved to disk."""
     torch.manual_seed(0)
-    hc = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                                  rms_norm_eps=1e-5, tie_word_embeddings=False)
+    hc = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    )
     hf = transformers.LlamaForCausalLM(hc).eval()
     with torch.no_grad():
         for name, p in hf.named_parameters():
@@ -85,8 +94,11 @@ def test_export_loads_in_transformers_with_equal_logits_and_round_trips(trained,
 def test_import_refuses_what_llama_cannot_represent(hf_dir, tmp_path):
     path, _ = hf_dir
     meta = json.loads((path / "config.json").read_text())
-    for change in ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 8.0}},
-                   {"attention_bias": True}, {"model_type": "mistral"}):
+    for change in (
+        {"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 8.0}},
+        {"attention_bias": True},
+        {"model_type": "mistral"},
+    ):
         bad = tmp_path / "bad"
         bad.mkdir(exist_ok=True)
         (bad / "config.json").write_text(json.dumps({**meta, **change}))
@@ -130,6 +142,7 @@ def test_rotary_positions_are_relative_and_reach_every_layer(trained, tokens):
 def test_attention_takes_positions_from_a_sequence_sharded_core(trained, tokens):
     """A pipeline stage without the embedding gets positions only from the core (context parallelism's)."""
     from scaletrain.model.common import causal_attention
+
     attn = trained.blocks["0"].attn
     x = torch.randn(2, 32, 64, generator=torch.Generator().manual_seed(2))
     pos = torch.arange(32) * 3
@@ -140,6 +153,7 @@ def test_attention_takes_positions_from_a_sequence_sharded_core(trained, tokens)
 
         def positions(self, s, device):
             return pos[:s]
+
     try:
         attn.core = Core()
         with torch.no_grad():
@@ -173,7 +187,9 @@ def test_contiguous_row_shards_are_whole_kv_groups_and_swiglu_pairs(trained, tp)
 
 def test_layout_needs_tp_to_divide_kv_heads():
     from scaletrain.parallel.layout import Layout
+
     Layout.from_config(resolve("llama-proxy", overrides=["parallel.tp=2"]), 2)
     with pytest.raises(ConfigError, match="key/value heads 2"):
-        Layout.from_config(resolve("llama-proxy", overrides=["model.n_heads=8", "model.n_kv_heads=2",
-                                                             "parallel.tp=4"]), 4)
+        Layout.from_config(
+            resolve("llama-proxy", overrides=["model.n_heads=8", "model.n_kv_heads=2", "parallel.tp=4"]), 4
+        )

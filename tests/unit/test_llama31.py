@@ -63,16 +63,19 @@ def test_scaling_changes_the_model_output_beyond_the_original_context():
     assert (scaled - base).abs().max() > 1e-2  # random weights with std 0.3: attention is far from uniform
 
 
-@pytest.mark.parametrize("override,message", [
-    ("model.rope_theta=nan", r"model.rope_theta=nan: must be a finite number"),
-    ("model.rope_theta=0.5", r"model.rope_theta=0.5: must be > 1 \(or 0 for the architecture's 500000\)"),
-    ("model.rope_scaling=ntk", r"model.rope_scaling='ntk': must be one of \['none', 'llama3', 'yarn'\]"),
-    ("model.rope_factor=0.5", r"model.rope_factor=0.5: must be >= 1"),
-    ("model.rope_factor=nan", r"model.rope_factor=nan: must be a finite number"),
-    ("model.rope_high_freq_factor=1.0", r"model.rope_low_freq_factor=1.0, model.rope_high_freq_factor=1.0: need 0"),
-    ("model.rope_low_freq_factor=nan", r"model.rope_low_freq_factor=nan: must be a finite number"),
-    ("model.rope_original_seq_len=0", r"model.rope_original_seq_len=0: must be > 0"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("model.rope_theta=nan", r"model.rope_theta=nan: must be a finite number"),
+        ("model.rope_theta=0.5", r"model.rope_theta=0.5: must be > 1 \(or 0 for the architecture's 500000\)"),
+        ("model.rope_scaling=ntk", r"model.rope_scaling='ntk': must be one of \['none', 'llama3', 'yarn'\]"),
+        ("model.rope_factor=0.5", r"model.rope_factor=0.5: must be >= 1"),
+        ("model.rope_factor=nan", r"model.rope_factor=nan: must be a finite number"),
+        ("model.rope_high_freq_factor=1.0", r"model.rope_low_freq_factor=1.0, model.rope_high_freq_factor=1.0: need 0"),
+        ("model.rope_low_freq_factor=nan", r"model.rope_low_freq_factor=nan: must be a finite number"),
+        ("model.rope_original_seq_len=0", r"model.rope_original_seq_len=0: must be > 0"),
+    ],
+)
 def test_bad_rope_fields_get_one_line_errors(override, message):
     with pytest.raises(ConfigError, match=message) as err:
         resolve("llama31-8b", overrides=[override])
@@ -93,8 +96,23 @@ def test_dry_run_fits_the_presets_on_h100(capsys):
     assert json.loads(capsys.readouterr().out)["fits"]
     # 126 layers split evenly into 2 stages; 8,192 GPUs = tp 8 x cp 4 x pp 2 x 128-way FSDP (GBS 1,152 = 128 x 9).
     flags = ["--set", "parallel.tp=8", "--set", "parallel.pp=2", "--set", "parallel.cp=4"]
-    assert main(["train", "--dry-run", "--json", "--world-size", "8192", "--gpu", "h100", "--preset", "llama31-405b",
-                 *flags]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--dry-run",
+                "--json",
+                "--world-size",
+                "8192",
+                "--gpu",
+                "h100",
+                "--preset",
+                "llama31-405b",
+                *flags,
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["fits"] and out["degrees"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 128, "cp": 4, "tp": 8}
 
@@ -107,10 +125,25 @@ from scaletrain.checkpoint.hf.sharded import load_hf_sharded  # noqa: E402
 from scaletrain.checkpoint.hf.sharded_export import export_hf_sharded  # noqa: E402
 
 # 64 tokens against an original context of 16: every band of the llama3 scaling is in play (head_dim 16).
-SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-           "original_max_position_embeddings": 16}
-TINY31 = ModelConfig(arch="llama31", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=128, seq_len=64,
-                     vocab_size=256, init_std=0.1, rope_original_seq_len=16)
+SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
+TINY31 = ModelConfig(
+    arch="llama31",
+    n_layers=2,
+    d_model=64,
+    n_heads=4,
+    n_kv_heads=2,
+    d_ff=128,
+    seq_len=64,
+    vocab_size=256,
+    init_std=0.1,
+    rope_original_seq_len=16,
+)
 ATOL = 1e-5
 
 
@@ -123,10 +156,20 @@ def tokens64():
 def hf31(tmp_path_factory):
     """A random transformers Llama with Llama 3.1's rotary settings (RMSNorm weights moved off 1), saved."""
     torch.manual_seed(0)
-    hc = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                  rms_norm_eps=1e-5, tie_word_embeddings=False, initializer_range=0.1,
-                                  rope_theta=500000.0, rope_scaling=dict(SCALING))
+    hc = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        initializer_range=0.1,
+        rope_theta=500000.0,
+        rope_scaling=dict(SCALING),
+    )
     hf = transformers.LlamaForCausalLM(hc).eval()
     with torch.no_grad():
         for name, p in hf.named_parameters():
@@ -191,13 +234,19 @@ def test_transformers_4_style_config_and_unsupported_scalings(hf31, tmp_path):
     path, _ = hf31
     meta = json.loads((path / "config.json").read_text())
     del meta["rope_parameters"]  # what transformers 4.x writes: rope_theta and rope_scaling
-    cases = [({"rope_theta": 500000.0, "rope_scaling": dict(SCALING)}, None),
-             ({"rope_theta": 500000.0, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
-              r"rotary scaling 'yarn' is not supported"),
-             ({"rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
-              r"llama3 rotary scaling is missing 'low_freq_factor'"),
-             ({"rope_theta": 500000.0, "rope_scaling": {**SCALING, "factor": 0.5}}, r"rope_factor=0.5: must be >= 1"),
-             ({"rope_theta": float("nan")}, r"rope_theta=nan is not supported \(need a finite number in \(1, ")]
+    cases = [
+        ({"rope_theta": 500000.0, "rope_scaling": dict(SCALING)}, None),
+        (
+            {"rope_theta": 500000.0, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+            r"rotary scaling 'yarn' is not supported",
+        ),
+        (
+            {"rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+            r"llama3 rotary scaling is missing 'low_freq_factor'",
+        ),
+        ({"rope_theta": 500000.0, "rope_scaling": {**SCALING, "factor": 0.5}}, r"rope_factor=0.5: must be >= 1"),
+        ({"rope_theta": float("nan")}, r"rope_theta=nan is not supported \(need a finite number in \(1, "),
+    ]
     for i, (change, error) in enumerate(cases):
         d = tmp_path / str(i)
         d.mkdir()
@@ -217,8 +266,10 @@ def test_init_from_refuses_weights_trained_with_other_rotary_frequencies():
     from scaletrain.checkpoint.store import CheckpointError
 
     check_compatible(TINY31, ModelConfig(**{**TINY31.__dict__, "rope_theta": 500000.0, "rope_scaling": "llama3"}), "x")
-    for change, what in [({"rope_theta": 1e6}, "rope_base 1000000.0 != 500000.0"),
-                         ({"rope_scaling": "none"}, "rope_kind none != llama3"),
-                         ({"rope_original_seq_len": 8192}, "rope_original_seq_len 8192 != 16")]:
+    for change, what in [
+        ({"rope_theta": 1e6}, "rope_base 1000000.0 != 500000.0"),
+        ({"rope_scaling": "none"}, "rope_kind none != llama3"),
+        ({"rope_original_seq_len": 8192}, "rope_original_seq_len 8192 != 16"),
+    ]:
         with pytest.raises(CheckpointError, match=what):
             check_compatible(TINY31, ModelConfig(**{**TINY31.__dict__, **change}), "x")

@@ -16,8 +16,18 @@ ALL = "lora.targets=['qkv','proj','fc1','fc2']"
 
 
 def _cfg(*extra):
-    return resolve("gpt3-proxy", overrides=["model.vocab_size=1024", "model.n_layers=2", "model.d_model=64",
-                                            "model.n_heads=2", "model.seq_len=32", "lora.rank=4", *extra])
+    return resolve(
+        "gpt3-proxy",
+        overrides=[
+            "model.vocab_size=1024",
+            "model.n_layers=2",
+            "model.d_model=64",
+            "model.n_heads=2",
+            "model.seq_len=32",
+            "lora.rank=4",
+            *extra,
+        ],
+    )
 
 
 def _pair(cfg, b_std=0.0):
@@ -78,6 +88,7 @@ def test_merged_model_matches_adapter_model():
 
 def test_bad_targets_are_refused():
     from dataclasses import replace
+
     lora = _cfg().lora
     with pytest.raises(ValueError, match="unknown"):
         apply_lora(GPT(_cfg().model), replace(lora, targets=["q"]))
@@ -87,17 +98,36 @@ def test_bad_targets_are_refused():
 
 # ---------------------------------------------------------------- through the trainer
 def _trainer_cfg(corpus, run_dir, *extra):
-    return resolve("gpt3-proxy", overrides=[
-        f"data.train_prefix={corpus.train_prefix}", f"data.valid_prefix={corpus.valid_prefix}",
-        f"data.tokenizer={corpus.tokenizer}", "model.vocab_size=1024", "model.n_layers=2", "model.d_model=64",
-        "model.n_heads=2", "model.seq_len=64", "train.global_batch_size=8", "train.micro_batch_size=8",
-        "train.dtype=fp32", "train.threads=1", "optim.lr=1e-2", "optim.warmup_samples=16",
-        "optim.decay_samples=3200", "train.progress=false", "lora.rank=4", ALL, f"train.run_dir={run_dir}",
-        *extra])
+    return resolve(
+        "gpt3-proxy",
+        overrides=[
+            f"data.train_prefix={corpus.train_prefix}",
+            f"data.valid_prefix={corpus.valid_prefix}",
+            f"data.tokenizer={corpus.tokenizer}",
+            "model.vocab_size=1024",
+            "model.n_layers=2",
+            "model.d_model=64",
+            "model.n_heads=2",
+            "model.seq_len=64",
+            "train.global_batch_size=8",
+            "train.micro_batch_size=8",
+            "train.dtype=fp32",
+            "train.threads=1",
+            "optim.lr=1e-2",
+            "optim.warmup_samples=16",
+            "optim.decay_samples=3200",
+            "train.progress=false",
+            "lora.rank=4",
+            ALL,
+            f"train.run_dir={run_dir}",
+            *extra,
+        ],
+    )
 
 
 def _trainer(corpus, run_dir, *extra):
     from scaletrain.train.engine import Trainer
+
     t = Trainer(_trainer_cfg(corpus, run_dir, *extra), run_dir)
     t.init()
     return t
@@ -119,6 +149,7 @@ def test_trainer_optimizes_only_adapters_and_loss_drops(excerpt_corpus, tmp_path
 
 def test_checkpoint_holds_only_adapters_and_resume_continues_identically(excerpt_corpus, tmp_path):
     from scaletrain.checkpoint import safe_load, store
+
     t = _trainer(excerpt_corpus, tmp_path / "a")
     for _ in range(3):
         t.train_step()
@@ -140,6 +171,7 @@ def test_checkpoint_holds_only_adapters_and_resume_continues_identically(excerpt
     # `scaletrain export` of a LoRA checkpoint writes merged weights; they reproduce the adapter model.
     from scaletrain.checkpoint.hf import import_hf
     from scaletrain.cli.main import main
+
     t.save_checkpoint({})
     assert main(["export", str(tmp_path / "a"), "--hf", str(tmp_path / "hf")]) == 0
     _, sd = import_hf(tmp_path / "hf")

@@ -12,8 +12,10 @@ from scaletrain.model.loss import IGNORE_INDEX, loss_sum
 
 
 def tiny(**kw):
-    over = [f"model.{k}={v}" for k, v in {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 32,
-                                           "vocab_size": 300, **kw}.items()]
+    over = [
+        f"model.{k}={v}"
+        for k, v in {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 32, "vocab_size": 300, **kw}.items()
+    ]
     return resolve("gpt3-proxy", overrides=over).model
 
 
@@ -51,8 +53,9 @@ def test_init_std_and_tied_head():
     x = torch.randint(0, cfg.vocab_size, (2, 16))
     logits = model(x)
     assert logits.shape == (2, 16, cfg.padded_vocab)
-    expected = torch.nn.functional.linear(model.ln_f(model.embed.tok(x) + model.embed.pos(torch.arange(16))),
-                                          model.embed.tok.weight)
+    expected = torch.nn.functional.linear(
+        model.ln_f(model.embed.tok(x) + model.embed.pos(torch.arange(16))), model.embed.tok.weight
+    )
     assert not torch.allclose(logits, expected)  # blocks do contribute
     assert model.head.weight is model.embed.tok.weight and model.head_is_tied
     assert len(list(model.parameters())) == len(set(map(id, model.parameters())))
@@ -80,7 +83,6 @@ def test_init_is_a_function_of_seed_and_name():
     m.init_weights(3)
     for (name, pa), pm in zip(a.named_parameters(), m.parameters()):
         assert torch.equal(pa, pm), name
-
 
 
 def test_causal():
@@ -117,15 +119,35 @@ def test_logits_equal_huggingface_gpt2():
     torch.manual_seed(0)
     cfg = tiny()
     ours = GPT(cfg).eval()
-    hf_cfg = transformers.GPT2Config(vocab_size=cfg.padded_vocab, n_positions=cfg.seq_len, n_embd=cfg.d_model,
-                                     n_layer=cfg.n_layers, n_head=cfg.n_heads, activation_function="gelu_new",
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5,
-                                     bos_token_id=None, eos_token_id=None)
+    hf_cfg = transformers.GPT2Config(
+        vocab_size=cfg.padded_vocab,
+        n_positions=cfg.seq_len,
+        n_embd=cfg.d_model,
+        n_layer=cfg.n_layers,
+        n_head=cfg.n_heads,
+        activation_function="gelu_new",
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        layer_norm_epsilon=1e-5,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
     hf = transformers.GPT2LMHeadModel(hf_cfg).eval()
-    sd = {"transformer.wte.weight": ours.embed.tok.weight, "transformer.wpe.weight": ours.embed.pos.weight,
-          "transformer.ln_f.weight": ours.ln_f.weight, "transformer.ln_f.bias": ours.ln_f.bias}
-    names = {"ln1": "ln_1", "ln2": "ln_2", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj",
-             "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
+    sd = {
+        "transformer.wte.weight": ours.embed.tok.weight,
+        "transformer.wpe.weight": ours.embed.pos.weight,
+        "transformer.ln_f.weight": ours.ln_f.weight,
+        "transformer.ln_f.bias": ours.ln_f.bias,
+    }
+    names = {
+        "ln1": "ln_1",
+        "ln2": "ln_2",
+        "attn.qkv": "attn.c_attn",
+        "attn.proj": "attn.c_proj",
+        "mlp.fc": "mlp.c_fc",
+        "mlp.proj": "mlp.c_proj",
+    }
     for i, block in ours.blocks.items():
         for ours_name, hf_name in names.items():
             mod = block.get_submodule(ours_name)

@@ -11,10 +11,21 @@ from scaletrain.model.build import build_model
 from scaletrain.model.moe import moe_aux_loss, moe_layers
 from scaletrain.train.moe_stats import MoEStats
 
-TINY = ["model.n_layers=2", "model.d_model=32", "model.n_heads=4", "model.n_kv_heads=2", "model.head_dim=12",
-        "model.vocab_size=300", "model.moe.n_experts=4", "model.moe.top_k=2", "model.moe.d_ff_expert=16",
-        "model.sliding_window=4", "model.seq_len=8", "model.moe.aux_loss_coef=0.5",
-        "model.moe.bias_update_rate=0.1"]
+TINY = [
+    "model.n_layers=2",
+    "model.d_model=32",
+    "model.n_heads=4",
+    "model.n_kv_heads=2",
+    "model.head_dim=12",
+    "model.vocab_size=300",
+    "model.moe.n_experts=4",
+    "model.moe.top_k=2",
+    "model.moe.d_ff_expert=16",
+    "model.sliding_window=4",
+    "model.seq_len=8",
+    "model.moe.aux_loss_coef=0.5",
+    "model.moe.bias_update_rate=0.1",
+]
 
 
 def _model():

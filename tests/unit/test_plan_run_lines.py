@@ -27,7 +27,11 @@ def _dry_run(capsys, plan_entry):
 def _assert_same_layout(lay, dry):
     deg = dry["degrees"]
     assert (deg["tp"], deg["pp"], deg["cp"], deg["dp_replicate"] * deg["dp_shard"]) == (
-        lay["tp"], lay["pp"], lay["cp"], lay["dp"])
+        lay["tp"],
+        lay["pp"],
+        lay["cp"],
+        lay["dp"],
+    )
     assert len(dry["ranks"][0]["stages"]) == lay["vp"]  # virtual stages per pipeline rank
     assert dry["fits"]
     # One memory model; with pipelining the plan's in-flight count comes from the simulated schedule.
@@ -46,8 +50,9 @@ def test_lora_record_plan_as_trained_runs_as_priced(capsys):
 def test_proxy_plan_overrides_reproduce_each_layout(capsys):
     for best in _plan(capsys, "--model", "gpt3-proxy", "--gpus", "8", "--top", "2", "--as-trained"):
         assert best["run_as_priced"]
-        _assert_same_layout({**best["layout"], "memory_gib_per_gpu": best["memory_gib_per_gpu"]},
-                            _dry_run(capsys, best))
+        _assert_same_layout(
+            {**best["layout"], "memory_gib_per_gpu": best["memory_gib_per_gpu"]}, _dry_run(capsys, best)
+        )
 
 
 def test_plan_table_prints_run_and_slurm_lines_and_what_the_trainer_changes(capsys):
@@ -63,13 +68,26 @@ def test_plan_table_prints_run_and_slurm_lines_and_what_the_trainer_changes(caps
 
 
 def test_run_lines_for_other_nodes_and_what_the_trainer_cannot_run():
-    lay = {"gpus": 72, "tp": 2, "pp": 1, "vp": 1, "cp": 1, "dp": 36, "mbs": 1, "gbs": 72, "recompute": "none",
-           "fp8": True, "sp": False}
+    lay = {
+        "gpus": 72,
+        "tp": 2,
+        "pp": 1,
+        "vp": 1,
+        "cp": 1,
+        "dp": 36,
+        "mbs": 1,
+        "gbs": 72,
+        "recompute": "none",
+        "fp8": True,
+        "sp": False,
+    }
     lines = run_lines("llama2_70b_lora", ["lora.rank=8"], lay, "gb200", 4)
     assert lines["train_overrides"][:3] == ["lora.rank=8", "parallel.tp=2", "parallel.pp=1"]
     assert "parallel.sequence_parallel=false" in lines["train_overrides"]
     assert lines["slurm_command"].startswith(
-        "NPROC_PER_NODE=4 sbatch --nodes 18 --gpus-per-node=4 scripts/slurm/train.sbatch train --preset llama2-70b-lora")
+        "NPROC_PER_NODE=4 sbatch --nodes 18 --gpus-per-node=4 scripts/slurm/train.sbatch train --preset llama2-70b-lora"
+    )
     assert slurm_command(12, 8, ["train"]) is None and slurm_command(4, 8, ["train"]).startswith(
-        "NPROC_PER_NODE=4 sbatch --nodes 1 --gpus-per-node=4")
+        "NPROC_PER_NODE=4 sbatch --nodes 1 --gpus-per-node=4"
+    )
     assert "FP4" in run_lines("gpt3", [], {**lay, "fp4": True}, "gb200", 4)["run_error"]

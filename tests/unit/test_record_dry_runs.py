@@ -13,12 +13,40 @@ import pytest
 from scaletrain.cli.main import main
 from scaletrain.config import resolve
 
-LORA_RECORD = ["--world-size", "512", "--gpu", "h200", "--preset", "llama2-70b-lora",
-               "--set", "parallel.tp=4", "--set", "parallel.cp=2", "--set", "train.fp8=true"]
-GPT3_RECORD = ["--world-size", "10752", "--gpu", "h100", "--preset", "gpt3-175b",
-               "--set", "parallel.tp=4", "--set", "parallel.pp=8", "--set", "parallel.pp_virtual=12",
-               "--set", "parallel.pp_schedule=interleaved_1f1b", "--set", "train.global_batch_size=2688",
-               "--set", "train.fp8=true"]
+LORA_RECORD = [
+    "--world-size",
+    "512",
+    "--gpu",
+    "h200",
+    "--preset",
+    "llama2-70b-lora",
+    "--set",
+    "parallel.tp=4",
+    "--set",
+    "parallel.cp=2",
+    "--set",
+    "train.fp8=true",
+]
+GPT3_RECORD = [
+    "--world-size",
+    "10752",
+    "--gpu",
+    "h100",
+    "--preset",
+    "gpt3-175b",
+    "--set",
+    "parallel.tp=4",
+    "--set",
+    "parallel.pp=8",
+    "--set",
+    "parallel.pp_virtual=12",
+    "--set",
+    "parallel.pp_schedule=interleaved_1f1b",
+    "--set",
+    "train.global_batch_size=2688",
+    "--set",
+    "train.fp8=true",
+]
 
 
 def test_lora_preset_is_the_at_scale_recipe_with_the_references_schedule():
@@ -32,8 +60,13 @@ def test_lora_preset_is_the_at_scale_recipe_with_the_references_schedule():
 def test_lora_record_dry_run_fits_on_512_h200_without_torchao_noise():
     # A fresh interpreter: torchao logs its noise once per process, at import.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    proc = subprocess.run([sys.executable, "-m", "scaletrain", "train", "--dry-run", *LORA_RECORD],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "scaletrain", "train", "--dry-run", *LORA_RECORD],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "dry run dp_shard64 x cp2 x tp4(sp) = 512 ranks (fsdp)" in proc.stdout
     assert proc.stdout.rstrip().endswith("fits")
@@ -52,5 +85,12 @@ def test_gpt3_mlperf_layout_with_fp8_fits_on_10752_h100(capsys):
     pred = json.loads(capsys.readouterr().out)
     lay = pred["layout"]
     assert (lay["gpus"], lay["tp"], lay["pp"], lay["vp"], lay["dp"], lay["fp8"], lay["zero"]) == (
-        10752, 4, 8, 12, 336, True, 3)
+        10752,
+        4,
+        8,
+        12,
+        336,
+        True,
+        3,
+    )
     assert pred["memory_gib_per_gpu"] == pytest.approx(dry["max_memory_gib"], rel=0.02)

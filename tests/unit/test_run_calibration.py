@@ -20,8 +20,14 @@ from scaletrain.sim.gemm_classes import class_index, class_label, eff_at, run_ge
 from scaletrain.sim.host_device import CPU_EFFICIENCY, cpu_efficiency, cpu_system
 from scaletrain.sim.workload import ClusterLayout, load_workload
 
-DEVICE = {"kind": "cpu", "name": "test CPU", "peak_flops": 1e11, "mem_bw_bytes_s": 2e10, "kernel_s": 5e-6,
-          "memory_bytes": 16e9}
+DEVICE = {
+    "kind": "cpu",
+    "name": "test CPU",
+    "peak_flops": 1e11,
+    "mem_bw_bytes_s": 2e10,
+    "kernel_s": 5e-6,
+    "memory_bytes": 16e9,
+}
 SHAPE = ("model.n_layers=2", "model.d_model=128", "model.n_heads=2", "model.seq_len=128", "model.vocab_size=1024")
 # The "true" machine the synthetic runs are measured on: small GEMMs run less efficiently, collectives reach a third
 # of the modelled bandwidth, TP is fully exposed (DP overlaps as the prior says), and the host spends 3 ms per step
@@ -42,14 +48,30 @@ def _run(name: str, gpus: int, mbs: int, truth: Efficiency = TRUTH, **layout) ->
     st = price(replace(_empty_run(name, w, lay, cl, gflop)), replace(truth, gemm_eff=_true_gemm_eff(gflop)))
     b = st.breakdown
     comm = sum(b[k] for k in ("tp_exposed", "cp_exposed", "dp_exposed", "sync", "straggler", "pp_bubble"))
-    parts = {"data_s": 0.001, "fwd_bwd_s": b["compute"] + b["overlap_slowdown"] + comm, "optimizer_s": b["optimizer"],
-             "comm_exposed_s": comm, "other_s": b["overhead"] - 0.001}
+    parts = {
+        "data_s": 0.001,
+        "fwd_bwd_s": b["compute"] + b["overlap_slowdown"] + comm,
+        "optimizer_s": b["optimizer"],
+        "comm_exposed_s": comm,
+        "other_s": b["overhead"] - 0.001,
+    }
     return replace(_empty_run(name, w, lay, cl, gflop), step_time_s=st.step_time_s, parts=parts)
 
 
 def _empty_run(name, w, lay, cl, gflop) -> MeasuredRun:
-    return MeasuredRun(path=f"/runs/{name}", gpu="cpu", group="cpu", world_size=lay.gpus, workload=w, layout=lay,
-                       cluster=cl, step_time_s=1.0, parts=None, prior_step_s=None, gemm_gflop=gflop)
+    return MeasuredRun(
+        path=f"/runs/{name}",
+        gpu="cpu",
+        group="cpu",
+        world_size=lay.gpus,
+        workload=w,
+        layout=lay,
+        cluster=cl,
+        step_time_s=1.0,
+        parts=None,
+        prior_step_s=None,
+        gemm_gflop=gflop,
+    )
 
 
 def test_shape_classes_follow_the_gemm_size():
@@ -75,7 +97,8 @@ def test_fit_recovers_the_terms_and_predicts_unseen_layouts():
     assert fit.eff.step_overhead_s == pytest.approx(TRUTH.step_overhead_s)
     # One gemm_eff per shape class, each its own truth.
     assert {c["label"]: c["gemm_eff"] for c in fit.classes} == pytest.approx(
-        {class_label(class_index(r.gemm_gflop)): _true_gemm_eff(r.gemm_gflop) for r in fit_runs}, rel=0.02)
+        {class_label(class_index(r.gemm_gflop)): _true_gemm_eff(r.gemm_gflop) for r in fit_runs}, rel=0.02
+    )
     assert len(fit.classes) == 2
     assert fit.eff.comm_eff == pytest.approx(TRUTH.comm_eff, rel=0.1)
     assert fit.eff.tp_exposed == pytest.approx(TRUTH.tp_exposed, rel=0.1)
@@ -114,8 +137,10 @@ def _write_run(run_dir: Path, run: MeasuredRun, overrides: list[str], steps: int
     (run_dir / "prediction.json").write_text(json.dumps({"schema": 1, "device": DEVICE, "step_time_s": 0.5}))
     with open(run_dir / "metrics.jsonl", "w") as f:
         for step in range(1, steps + 1):
-            f.write(json.dumps({"step": step, "step_time_s": run.step_time_s, "world_size": run.world_size,
-                                **run.parts}) + "\n")
+            f.write(
+                json.dumps({"step": step, "step_time_s": run.step_time_s, "world_size": run.world_size, **run.parts})
+                + "\n"
+            )
             f.write(json.dumps({"step": step, "checkpoint_s": 0.5}) + "\n")
 
 
@@ -129,8 +154,15 @@ def test_cli_reads_run_directories_and_feeds_the_fit_back(tmp_path, capsys, monk
     for name, (run, over) in runs.items():
         _write_run(tmp_path / name, run, over)
     out = tmp_path / "fit.json"
-    args = ["sim", "calibrate", *(str(tmp_path / n) for n in ("single", "fsdp2", "tp2")),
-            "--held-out", str(tmp_path / "half"), "--out", str(out)]
+    args = [
+        "sim",
+        "calibrate",
+        *(str(tmp_path / n) for n in ("single", "fsdp2", "tp2")),
+        "--held-out",
+        str(tmp_path / "half"),
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "measured/cpu: fitted on 3 run(s)" in text and "held out: mean |error|" in text
@@ -189,13 +221,22 @@ def test_cpu_calibration_benchmark_refits_run_directories(tmp_path):
         st = price(_empty_run(name, w, lay, cl, gflop), replace(TRUTH, gemm_eff=_true_gemm_eff(gflop)))
         b = st.breakdown
         comm = sum(b[k] for k in ("tp_exposed", "cp_exposed", "dp_exposed", "sync", "straggler", "pp_bubble"))
-        parts = {"data_s": 0.0, "fwd_bwd_s": b["compute"] + b["overlap_slowdown"] + comm,
-                 "optimizer_s": b["optimizer"], "comm_exposed_s": comm, "other_s": b["overhead"]}
+        parts = {
+            "data_s": 0.0,
+            "fwd_bwd_s": b["compute"] + b["overlap_slowdown"] + comm,
+            "optimizer_s": b["optimizer"],
+            "comm_exposed_s": comm,
+            "other_s": b["overhead"],
+        }
         run = replace(_empty_run(name, w, lay, cl, gflop), step_time_s=st.step_time_s, parts=parts)
         _write_run(tmp_path / "runs" / name, run, [*bench.BASE, *over])
     out = tmp_path / "out.json"
-    proc = subprocess.run([sys.executable, str(script), "--reuse", str(tmp_path / "runs"), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(script), "--reuse", str(tmp_path / "runs"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "held out: mean |error|" in proc.stdout and "an efficiency file too" in proc.stdout
     doc = json.loads(out.read_text())
@@ -204,8 +245,10 @@ def test_cpu_calibration_benchmark_refits_run_directories(tmp_path):
     assert "measured/cpu" in doc["sets"] and doc["layouts"]["pp2"]["half"] == "held-out"
 
 
-@pytest.mark.parametrize("value, message", [("nan", "must be a finite number"), ("0", r"must be in \(0, 10\]"),
-                                            ("11", r"must be in \(0, 10\]")])
+@pytest.mark.parametrize(
+    "value, message",
+    [("nan", "must be a finite number"), ("0", r"must be in \(0, 10\]"), ("11", r"must be in \(0, 10\]")],
+)
 def test_probe_window_is_validated(value, message):
     with pytest.raises(ValueError, match=f"train.probe_window_s=.*{message}"):
         resolve("gpt3-proxy", overrides=[f"train.probe_window_s={value}"])

@@ -14,8 +14,14 @@ from scaletrain.sim.host_device import CPU_EFFICIENCY, GLOO_ALPHA_US, GLOO_BUSBW
 from scaletrain.sim.run_prediction import MEASURED_KEYS, compare, map_breakdown, price_run
 from scaletrain.sim.workload import ClusterLayout, load_workload
 
-DEVICE = {"kind": "cpu", "name": "test CPU", "peak_flops": 1e11, "mem_bw_bytes_s": 2e10, "kernel_s": 5e-6,
-          "memory_bytes": 16e9}
+DEVICE = {
+    "kind": "cpu",
+    "name": "test CPU",
+    "peak_flops": 1e11,
+    "mem_bw_bytes_s": 2e10,
+    "kernel_s": 5e-6,
+    "memory_bytes": 16e9,
+}
 
 
 def test_cpu_device_from_measured_figures():
@@ -27,7 +33,9 @@ def test_cpu_device_from_measured_figures():
     assert node.nvlink_domain == node.gpus_per_node == 1 and not fabric.sharp
     cl = Cluster(gpu, node, fabric, 4)
     size = 64e6
-    assert cl.collective("all_reduce", 4, size) == pytest.approx(ring_all_reduce(4, size, GLOO_BUSBW_GBPS, GLOO_ALPHA_US))
+    assert cl.collective("all_reduce", 4, size) == pytest.approx(
+        ring_all_reduce(4, size, GLOO_BUSBW_GBPS, GLOO_ALPHA_US)
+    )
     assert cl.collective("all_to_all", 4, size) > 0 and cl.p2p(size, same_domain=False) > size / (GLOO_BUSBW_GBPS * 1e9)
     for bad in ({"peak_flops": 0}, {"mem_bw_bytes_s": None}, {"kernel_s": "fast"}):
         with pytest.raises(ValueError, match=next(iter(bad))):
@@ -36,6 +44,7 @@ def test_cpu_device_from_measured_figures():
 
 def test_ranks_sharing_a_host_are_priced_at_their_share():
     from scaletrain.sim.host_device import core_share, rank_share
+
     # Two one-thread ranks; the host's GEMM rate on two threads equals one thread's (two vCPUs that are one core's
     # hyperthreads): each rank gets half of it. Its copy bandwidth doubles on two threads: each keeps all of its own.
     two = {**DEVICE, "threads": 1, "cores": 2, "local_ranks": 2, "host_peak_flops": 1e11, "host_mem_bw_bytes_s": 4e10}
@@ -52,8 +61,10 @@ def test_ranks_sharing_a_host_are_priced_at_their_share():
 
 
 def _tiny():
-    w = load_workload("gpt3-proxy", ("model.n_layers=2", "model.d_model=64", "model.n_heads=2", "model.seq_len=64",
-                                     "model.vocab_size=1024"))
+    w = load_workload(
+        "gpt3-proxy",
+        ("model.n_layers=2", "model.d_model=64", "model.n_heads=2", "model.seq_len=64", "model.vocab_size=1024"),
+    )
     return w, ClusterLayout(gpus=1, mbs=8, gbs=16, zero=0)
 
 
@@ -74,11 +85,25 @@ def test_price_run_on_the_cpu_device_scales_with_the_measured_peak():
 
 
 def test_breakdown_mapping_keeps_the_total_and_nests_communication():
-    sim = {"compute": 1.0, "dp_exposed": 0.25, "tp_exposed": 0.125, "optimizer": 0.5, "overhead": 0.0625,
-           "sync": 0.0, "straggler": 0.03125, "pp_bubble": 0.25, "new_term": 0.5}
+    sim = {
+        "compute": 1.0,
+        "dp_exposed": 0.25,
+        "tp_exposed": 0.125,
+        "optimizer": 0.5,
+        "overhead": 0.0625,
+        "sync": 0.0,
+        "straggler": 0.03125,
+        "pp_bubble": 0.25,
+        "new_term": 0.5,
+    }
     out = map_breakdown(sim)
-    assert out == {"data_s": 0.0, "fwd_bwd_s": 1.65625, "optimizer_s": 0.5, "comm_exposed_s": 0.65625,
-                   "other_s": 0.5625}
+    assert out == {
+        "data_s": 0.0,
+        "fwd_bwd_s": 1.65625,
+        "optimizer_s": 0.5,
+        "comm_exposed_s": 0.65625,
+        "other_s": 0.5625,
+    }
     assert out["data_s"] + out["fwd_bwd_s"] + out["optimizer_s"] + out["other_s"] == pytest.approx(sum(sim.values()))
 
 
@@ -98,9 +123,20 @@ def _fake_run(path, step_s, prediction):
     lines = []
     for step in range(1, 7):
         data, fwd, opt = 0.01, 0.8 * step_s, 0.1 * step_s
-        lines.append({"step": step, "loss": 7.0 - step / 10, "lr": 1e-3, "tokens": step * 1024, "step_time_s": step_s,
-                      "data_s": data, "fwd_bwd_s": fwd, "optimizer_s": opt, "comm_exposed_s": 0.1 * step_s,
-                      "other_s": step_s - data - fwd - opt})
+        lines.append(
+            {
+                "step": step,
+                "loss": 7.0 - step / 10,
+                "lr": 1e-3,
+                "tokens": step * 1024,
+                "step_time_s": step_s,
+                "data_s": data,
+                "fwd_bwd_s": fwd,
+                "optimizer_s": opt,
+                "comm_exposed_s": 0.1 * step_s,
+                "other_s": step_s - data - fwd - opt,
+            }
+        )
     lines.append({"step": 6, "eval_loss": 6.5, "tokens": 6 * 1024, "eval_s": 0.3})
     lines.append({"step": 6, "checkpoint_s": 0.2})
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))

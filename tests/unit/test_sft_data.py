@@ -49,7 +49,7 @@ def _expected_row(data, tok, pairs, keep_in, keep_out, ks, S):
     toks, is_out = [], []
     for k in ks:
         a, b = tok.encode(pairs[k]["input"]), tok.encode(pairs[k]["output"])
-        piece = a[:keep_in[k]] + [tok.eos_id] + b[:keep_out[k]] + [tok.eos_id]
+        piece = a[: keep_in[k]] + [tok.eos_id] + b[: keep_out[k]] + [tok.eos_id]
         toks += piece
         is_out += [False] * (keep_in[k] + 1) + [True] * (keep_out[k] + 1)
     labels = [toks[p + 1] if p + 1 < len(toks) and is_out[p + 1] else IGNORE_INDEX for p in range(S)]
@@ -91,8 +91,16 @@ def test_every_output_token_trained_once_per_epoch(sft, tok):
 
 def test_truncation_drops_the_input_end_then_the_output(tmp_path, tok):
     long_in, short_out = " ".join(WORDS * 3), "gold"
-    prepare_sft([_jsonl(tmp_path / "p.jsonl", [{"input": long_in, "output": short_out},
-                                               {"input": "lord", "output": " ".join(WORDS * 3)}])], tmp_path / "d", tok)
+    prepare_sft(
+        [
+            _jsonl(
+                tmp_path / "p.jsonl",
+                [{"input": long_in, "output": short_out}, {"input": "lord", "output": " ".join(WORDS * 3)}],
+            )
+        ],
+        tmp_path / "d",
+        tok,
+    )
     d = SFTData(tmp_path / "d", tok)
     S = 16
     x, y = SFTValid(d, S).batch(0, 2)
@@ -101,7 +109,7 @@ def test_truncation_drops_the_input_end_then_the_output(tmp_path, tok):
     assert x[0].tolist() == a[:keep] + [tok.eos_id] + b + [tok.eos_id]  # the input's start is kept
     assert y[0].tolist() == [IGNORE_INDEX] * (keep - 1) + [IGNORE_INDEX] + b + [tok.eos_id] + [IGNORE_INDEX]
     out = tok.encode(" ".join(WORDS * 3))
-    assert x[1].tolist() == [tok.eos_id] + out[:S - 2] + [tok.eos_id]  # input gone, output cut, EOS kept
+    assert x[1].tolist() == [tok.eos_id] + out[: S - 2] + [tok.eos_id]  # input gone, output cut, EOS kept
     assert int((y[1] != IGNORE_INDEX).sum()) == S - 1
 
 
@@ -145,6 +153,7 @@ def test_eval_loss_counts_only_output_tokens(sft):
 
 def test_jsonl_fields_aliases_and_gzip(tmp_path):
     import gzip
+
     p = _jsonl(tmp_path / "a.jsonl", [{"input": "i1", "output": "o1"}, {"report": "r", "summary": "s", "id": 3}])
     with gzip.open(tmp_path / "b.jsonl.gz", "wt") as f:
         f.write(json.dumps({"q": "x", "a": "y"}) + "\n\n")
@@ -157,6 +166,7 @@ def test_jsonl_fields_aliases_and_gzip(tmp_path):
 def test_parquet(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
+
     pq.write_table(pa.table({"report": ["r1", "r2"], "summary": ["s1", "s2"], "n": [1, 2]}), tmp_path / "g.parquet")
     assert list(read_pairs([tmp_path / "g.parquet"])) == [("r1", "s1"), ("r2", "s2")]
     with pytest.raises(DataError, match="no input/output columns"):
@@ -194,8 +204,14 @@ def test_corrupt_and_wrong_datasets_are_one_line_errors(sft, tmp_path, tok):
     for bad, found in (([5, 6, 1], 1), ([5, 1, 1, 6], 2)):  # one EOS; two, but not ending the example
         docs = [np.array([5, 1, 6, 1]), np.array(bad)]
         write_indexed(tmp_path / "bad", docs, vocab_size=1024)
-        meta = {"format": "sft", "eos_id": 1, "tokenizer_sha256": tok.sha256, "vocab_size": 1024,
-                "num_documents": 2, "num_tokens": 4 + len(bad)}
+        meta = {
+            "format": "sft",
+            "eos_id": 1,
+            "tokenizer_sha256": tok.sha256,
+            "vocab_size": 1024,
+            "num_documents": 2,
+            "num_tokens": 4 + len(bad),
+        }
         (tmp_path / "bad.meta.json").write_text(json.dumps(meta))
         with pytest.raises(DataError, match=rf"bad\.bin: document 1 is not an SFT example .*found {found} EOS"):
             SFTData(tmp_path / "bad", tok)
@@ -205,19 +221,25 @@ def test_kjv_pairs_stay_in_books_and_hold_out_books():
     text = "Ruth4:22 And Obed begat Jesse.\nMat1:1 The book.\nMat1:2 Abraham begat Isaac.\nMat2:1 Now when.\n"
     p = kjv.make_pairs(text, valid_books=("Ruth",))
     assert p["valid"] == []  # Ruth's last verse has no successor inside Ruth
-    assert p["train"] == [{"input": "Mat1:1 The book.", "output": "Abraham begat Isaac."},
-                          {"input": "Mat1:2 Abraham begat Isaac.", "output": "Now when."}]
+    assert p["train"] == [
+        {"input": "Mat1:1 The book.", "output": "Abraham begat Isaac."},
+        {"input": "Mat1:2 Abraham begat Isaac.", "output": "Now when."},
+    ]
     with pytest.raises(DataError, match=r"kjv\.txt:2: not a verse line"):
         kjv.parse_verses("Ge1:1 In the beginning.\n\n")
 
 
 # Pinned for the packaged excerpt: the pairs (tokenizer-independent) and, for the excerpt's 1024-piece Shakespeare
 # tokenizer, the prepared arrays. Update them only together with a deliberate change to the pipeline.
-PAIRS_SHA256 = {"train": "f9d6ac5fb223f31b3283957fb5c74f6a4cf386238d4484c5401c29f640c41e29",
-                "valid": "0896cb2158098cb2d4a088fe4f2ad927c8a222d6d57cb5c1865a58765749293a"}
+PAIRS_SHA256 = {
+    "train": "f9d6ac5fb223f31b3283957fb5c74f6a4cf386238d4484c5401c29f640c41e29",
+    "valid": "0896cb2158098cb2d4a088fe4f2ad927c8a222d6d57cb5c1865a58765749293a",
+}
 EXCERPT_TOKENIZER_SHA256 = "f4390c5c0e44042786f20a4cad8e4f43b13472e4f5338b2e8682efa1804a08ad"
-PREPARED_SHA256 = {"train": "4c6dc26fe3e478e7f4e7adc7ac6e4043378132bdbaef8547508cdf4ece584635",
-                   "valid": "bae41ebb4eaefd09ed49a2e5c17f078bac8d5dcbb2e13ba90b58c92b9e3b5d1e"}
+PREPARED_SHA256 = {
+    "train": "4c6dc26fe3e478e7f4e7adc7ac6e4043378132bdbaef8547508cdf4ece584635",
+    "valid": "bae41ebb4eaefd09ed49a2e5c17f078bac8d5dcbb2e13ba90b58c92b9e3b5d1e",
+}
 
 
 def test_kjv_excerpt_build_is_pinned_and_idempotent(excerpt_corpus, tmp_path):
@@ -253,9 +275,13 @@ def test_kjv_fetch_checks_tools_and_the_text_pin(tmp_path, monkeypatch):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     # Fake Debian: the debs "contain" a `bible` that prints one wrong verse.
-    _stub(bindir, "apt-get", 'touch bible-kjv_1_all.deb bible-kjv-text_1_all.deb\n')
-    _stub(bindir, "dpkg-deb", 'mkdir -p "$3/usr/bin" "$3/usr/lib"\n'
-          'printf "#!/bin/sh\\necho Ge1:1 Not the text.\\n" > "$3/usr/bin/bible"; chmod +x "$3/usr/bin/bible"\n')
+    _stub(bindir, "apt-get", "touch bible-kjv_1_all.deb bible-kjv-text_1_all.deb\n")
+    _stub(
+        bindir,
+        "dpkg-deb",
+        'mkdir -p "$3/usr/bin" "$3/usr/lib"\n'
+        'printf "#!/bin/sh\\necho Ge1:1 Not the text.\\n" > "$3/usr/bin/bible"; chmod +x "$3/usr/bin/bible"\n',
+    )
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     with pytest.raises(DataError, match="not the pinned cd45f0c9cedab8e4"):
         kjv.fetch_text(tmp_path, print)

@@ -11,8 +11,22 @@ import pytest
 from scaletrain.sim.catalog import CatalogError, load_catalog, mfu_peak
 
 GPUS = ("a100", "h100", "h200", "h200nvl", "b200", "b300", "gb200", "gb300", "mi300x", "mi325x", "mi350x", "mi355x")
-NODES = ("hgx-h100", "nd-h100-v5", "hgx-h200", "nd-h200-v5", "dgx-a100", "dgx-b200", "nd-gb200-v6", "gb200-nvl72",
-         "gb300-nvl72", "hgx-b300", "mi300x-oam", "mi325x-oam", "mi350x-oam", "mi355x-oam")
+NODES = (
+    "hgx-h100",
+    "nd-h100-v5",
+    "hgx-h200",
+    "nd-h200-v5",
+    "dgx-a100",
+    "dgx-b200",
+    "nd-gb200-v6",
+    "gb200-nvl72",
+    "gb300-nvl72",
+    "hgx-b300",
+    "mi300x-oam",
+    "mi325x-oam",
+    "mi350x-oam",
+    "mi355x-oam",
+)
 FABRICS = ("ib-ndr", "ib-ndr-sharp", "ib-xdr", "ib-hdr", "roce", "roce-800")
 
 # A complete GPU entry (every required field) for user files; its default node is NEW_NODE.
@@ -121,7 +135,13 @@ def test_gpu_figures_match_the_reference_table():
     for key, (bf16, fp8, mm, hbm, tbps, nvl) in table.items():
         g = cat.gpu(key)
         assert (g.bf16_tflops, g.fp8_tflops, g.matmul_bf16_tflops, g.hbm_gb, g.hbm_tbps, g.nvlink_gbps) == (
-            bf16, fp8, mm, hbm, tbps, nvl), key
+            bf16,
+            fp8,
+            mm,
+            hbm,
+            tbps,
+            nvl,
+        ), key
         # Measured ceilings sit under the dense peaks.
         assert g.matmul_bf16_tflops < g.bf16_tflops
         assert g.matmul_fp8_tflops <= g.fp8_tflops
@@ -209,16 +229,19 @@ def test_env_var_files_load_before_extra_files(tmp_path, monkeypatch):
         load_catalog()
 
 
-@pytest.mark.parametrize("text, entry, what", [
-    (NEW_GPU + "tflops_typo = 3.0\n", "[gpus.mi999]", "unknown fields ['tflops_typo']"),
-    (NEW_GPU.replace("hbm_gb = 192.0\n", ""), "[gpus.mi999]", "missing fields ['hbm_gb']"),
-    (NEW_GPU.replace("hbm_tbps = 5.3", "hbm_tbps = -5.3"), "[gpus.mi999]", "hbm_tbps"),
-    (NEW_GPU.replace("bf16_tflops = 1000.0", 'bf16_tflops = "fast"'), "[gpus.mi999]", "bf16_tflops"),
-    (NEW_GPU + NEW_NODE.replace("gpus_per_node = 8", "gpus_per_node = 0"), "[nodes.mi999-box]", "gpus_per_node"),
-    (NEW_GPU + NEW_NODE.replace("gpus_per_node = 8", "gpus_per_node = 2.5"), "[nodes.mi999-box]",
-     "gpus_per_node"),
-    (FABRIC.format(radix=64).replace("sharp = false", 'sharp = "yes"'), "[fabrics.tiny]", "sharp"),
-], ids=["unknown-field", "missing-field", "negative", "not-a-number", "zero-int", "fractional-int", "bad-bool"])
+@pytest.mark.parametrize(
+    "text, entry, what",
+    [
+        (NEW_GPU + "tflops_typo = 3.0\n", "[gpus.mi999]", "unknown fields ['tflops_typo']"),
+        (NEW_GPU.replace("hbm_gb = 192.0\n", ""), "[gpus.mi999]", "missing fields ['hbm_gb']"),
+        (NEW_GPU.replace("hbm_tbps = 5.3", "hbm_tbps = -5.3"), "[gpus.mi999]", "hbm_tbps"),
+        (NEW_GPU.replace("bf16_tflops = 1000.0", 'bf16_tflops = "fast"'), "[gpus.mi999]", "bf16_tflops"),
+        (NEW_GPU + NEW_NODE.replace("gpus_per_node = 8", "gpus_per_node = 0"), "[nodes.mi999-box]", "gpus_per_node"),
+        (NEW_GPU + NEW_NODE.replace("gpus_per_node = 8", "gpus_per_node = 2.5"), "[nodes.mi999-box]", "gpus_per_node"),
+        (FABRIC.format(radix=64).replace("sharp = false", 'sharp = "yes"'), "[fabrics.tiny]", "sharp"),
+    ],
+    ids=["unknown-field", "missing-field", "negative", "not-a-number", "zero-int", "fractional-int", "bad-bool"],
+)
 def test_malformed_entries_name_the_file_and_entry(tmp_path, text, entry, what):
     path = _write(tmp_path, text)
     with pytest.raises(CatalogError) as exc:
@@ -294,9 +317,17 @@ def test_fabric_radix_below_three_is_rejected(tmp_path, radix):
         load_catalog(extra=[str(path)])
 
 
-@pytest.mark.parametrize("name,key,peak", [("NVIDIA H100 80GB HBM3", "h100", 989.0), ("NVIDIA H200", "h200", 989.0),
-                                           ("NVIDIA A100-SXM4-80GB", "a100", 312.0), ("NVIDIA GB200", "gb200", 2500.0),
-                                           ("NVIDIA B200", "b200", 2250.0), ("Some Other GPU", None, None)])
+@pytest.mark.parametrize(
+    "name,key,peak",
+    [
+        ("NVIDIA H100 80GB HBM3", "h100", 989.0),
+        ("NVIDIA H200", "h200", 989.0),
+        ("NVIDIA A100-SXM4-80GB", "a100", 312.0),
+        ("NVIDIA GB200", "gb200", 2500.0),
+        ("NVIDIA B200", "b200", 2250.0),
+        ("Some Other GPU", None, None),
+    ],
+)
 def test_mfu_peak_is_the_catalogs_dense_bf16_peak_by_device_name(name, key, peak):
     assert mfu_peak(name) == (None if key is None else (key, peak))
     if key:

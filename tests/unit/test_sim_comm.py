@@ -69,9 +69,11 @@ def test_collective_across_nodes_at_stride_8_is_a_flat_fabric_ring():
     cl = _cluster(1024)  # alpha 9.2 us, NDR busbw 47 GB/s
     assert cl.placement(n, 8) == (1, n)
     assert cl.collective("all_reduce", n, S, stride=8) == pytest.approx(
-        2 * (n - 1) * 9.2e-6 + 2 * (n - 1) / n * S / 47e9, rel=1e-12)
+        2 * (n - 1) * 9.2e-6 + 2 * (n - 1) / n * S / 47e9, rel=1e-12
+    )
     assert cl.collective("reduce_scatter", n, S, stride=32) == pytest.approx(
-        (n - 1) * 9.2e-6 + (n - 1) / n * S / 47e9, rel=1e-12)
+        (n - 1) * 9.2e-6 + (n - 1) / n * S / 47e9, rel=1e-12
+    )
 
 
 def test_collective_at_stride_4_is_hierarchical():
@@ -89,7 +91,8 @@ def test_collective_at_stride_4_is_hierarchical():
     # Stride 1 with 16 members: full nodes, 8 per node, 2 nodes under one leaf switch (one tier: 8 us).
     assert cl.placement(16, 1) == (8, 2)
     assert cl.collective("reduce_scatter", 16, S) == pytest.approx(
-        7 * 2e-6 + 7 / 8 * S / 365e9 + 1 * 8e-6 + 1 / 2 * (S / 8) / 47e9, rel=1e-12)
+        7 * 2e-6 + 7 / 8 * S / 365e9 + 1 * 8e-6 + 1 / 2 * (S / 8) / 47e9, rel=1e-12
+    )
 
 
 def test_sharp_all_reduce_moves_the_bytes_once():
@@ -110,8 +113,8 @@ def test_sharp_all_reduce_moves_the_bytes_once():
 def test_placement_on_nvl72():
     cl = _cluster(1152, "gb200")
     assert cl.node.nvlink_domain == 72 and cl.node.gpus_per_node == 4
-    assert cl.placement(18, 4) == (18, 1)   # 18 members at stride 4 fill one 72-GPU domain
-    assert cl.placement(64, 4) == (18, 4)   # ceil(64 / 18) domains
+    assert cl.placement(18, 4) == (18, 1)  # 18 members at stride 4 fill one 72-GPU domain
+    assert cl.placement(64, 4) == (18, 4)  # ceil(64 / 18) domains
     assert cl.placement(8, 1) == (8, 1)
     assert cl.placement(16, 72) == (1, 16)
     # Inside the domain even across trays (nodes of 4): NVLink, not the fabric.

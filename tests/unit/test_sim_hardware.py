@@ -140,7 +140,8 @@ def test_nvls_all_reduce_inside_nvl72_and_not_for_reduce_scatter():
     fabric = cl.fabric.busbw_gbps
     assert fabric == 94.0
     assert cl.collective("reduce_scatter", 144, S) == pytest.approx(
-        ring_reduce_scatter(72, S, 680.0, 2.0) + ring_reduce_scatter(2, S / 72, fabric, cl.net_alpha_us(36)))
+        ring_reduce_scatter(72, S, 680.0, 2.0) + ring_reduce_scatter(2, S / 72, fabric, cl.net_alpha_us(36))
+    )
 
 
 def test_infinity_fabric_mesh_gives_a_small_group_only_its_own_links():
@@ -158,16 +159,19 @@ def test_infinity_fabric_mesh_gives_a_small_group_only_its_own_links():
 
 def test_gpus_sharing_a_nic_share_its_bandwidth(tmp_path):
     path = tmp_path / "half.toml"
-    path.write_text('[nodes.half-nic]\nname = "HGX H100 with 4 NICs"\ngpu = "h100"\ngpus_per_node = 8\n'
-                    'nvlink_domain = 8\nnvlink_busbw_gbps = 365.0\nnvls_busbw_gbps = 470.0\nnics = 4\n'
-                    'fabric = "ib-ndr"\nsource = "test"\n')
+    path.write_text(
+        '[nodes.half-nic]\nname = "HGX H100 with 4 NICs"\ngpu = "h100"\ngpus_per_node = 8\n'
+        "nvlink_domain = 8\nnvlink_busbw_gbps = 365.0\nnvls_busbw_gbps = 470.0\nnics = 4\n"
+        'fabric = "ib-ndr"\nsource = "test"\n'
+    )
     cat = load_catalog([str(path)])
     full, half = Cluster(*cat.system("h100"), 1024), Cluster(*cat.system("h100", "half-nic"), 1024)
     S = 512e6
     assert half.nic_share == 0.5 and full.nic_share == 1.0
     alpha = half.net_alpha_us()
     assert half.collective("reduce_scatter", 128, S, stride=8) == pytest.approx(
-        ring_reduce_scatter(128, S, 23.5, alpha), rel=1e-12)
+        ring_reduce_scatter(128, S, 23.5, alpha), rel=1e-12
+    )
     assert half.p2p(S, same_domain=False) == pytest.approx(alpha * 1e-6 + S / 23.5e9)
 
 
@@ -216,8 +220,10 @@ def test_predict_and_plan_fp4_flags(capsys):
     text = io.StringIO()  # print_prediction's default stream is the sys.stdout of its import time
     print_prediction(predict(LORA, ClusterLayout(gpus=72, cp=8, gbs=9, fp8=True, fp4=True), "gb200"), out=text)
     assert ", fp4, recompute" in text.getvalue()
-    assert main(["plan", "--model", "llama2_70b_lora", "--gpu", "gb200", "--gpus", "72", "--fp4", "--top", "2",
-                 "--json"]) == 0
+    assert (
+        main(["plan", "--model", "llama2_70b_lora", "--gpu", "gb200", "--gpus", "72", "--fp4", "--top", "2", "--json"])
+        == 0
+    )
     best = json.loads(capsys.readouterr().out)
     assert best and all(p["layout"]["fp4"] and p["layout"]["fp8"] for p in best)
 
@@ -253,7 +259,12 @@ def test_generations_without_a_fitted_set_get_documented_defaults():
         # The release's shared scalars, with the documented default kernel efficiency (not Hopper's fitted one).
         assert eff.gemm_eff == DEFAULT_GEMM_EFF != hopper.gemm_eff
         assert (eff.tp_exposed, eff.dp_overlap, eff.step_overhead_s, eff.eval_eff, eff.sync_log2_s) == (
-            hopper.tp_exposed, hopper.dp_overlap, hopper.step_overhead_s, hopper.eval_eff, hopper.sync_log2_s)
+            hopper.tp_exposed,
+            hopper.dp_overlap,
+            hopper.step_overhead_s,
+            hopper.eval_eff,
+            hopper.sync_log2_s,
+        )
     # A100 in an old release gets Ampere's default too, never the release's Hopper set.
     assert efficiency_for("v3.0", "a100")[0] == "v3.0/ampere (default)"
     # CDNA 3 has its own sets, fitted on the AMD rows of v5.0 and v5.1; a release before them takes the nearest.
@@ -310,27 +321,73 @@ def test_fp4_efficiency_scales_only_the_fp4_gemms():
 # The hardware that was already there predicts what it did before this change (golden numbers from that code), at
 # the efficiencies that code shipped, with the fixed-cost terms added since (fixed_costs) switched off.
 
-OLD_SHARED = dict(tp_exposed=0.43763167830428634, dp_overlap=0.827973727837905, overlap_slowdown=0.08189610008753184,
-                  step_overhead_s=0.20239713710552923, eval_eff=0.6927855816986237, sync_log2_s=0.0,
-                  straggler_cv=0.0, warmup_steps=0.0, comm_init_s=0.0, eval_fixed_s=0.0)
+OLD_SHARED = dict(
+    tp_exposed=0.43763167830428634,
+    dp_overlap=0.827973727837905,
+    overlap_slowdown=0.08189610008753184,
+    step_overhead_s=0.20239713710552923,
+    eval_eff=0.6927855816986237,
+    sync_log2_s=0.0,
+    straggler_cv=0.0,
+    warmup_steps=0.0,
+    comm_init_s=0.0,
+    eval_fixed_s=0.0,
+)
 GOLDEN = [  # model, gpu, node, layout, calibration, step_time_s, time_to_train_min
-    ("llama2_70b_lora", "h200", "nd-h200-v5", dict(gpus=512, tp=4, cp=2, gbs=64, fp8=True, bf16_grads=True), None,
-     0.6076961203733244, 1.2361424535339625),
-    ("gpt3", "h100", "nd-h100-v5", dict(gpus=10752, tp=4, pp=8, vp=12, gbs=2688, fp8=True, bf16_grads=True), "v3.1",
-     1.0215879551179914, 4.005596367792208),
-    ("gpt3", "h100", "hgx-h100", dict(gpus=512, tp=8, pp=8, gbs=512, sp=False, zero=0), None,
-     5.15142532247474, 107.83330636161345),
-    ("llama2_70b_lora", "b200", "dgx-b200", dict(gpus=8, tp=2, gbs=8, fp8=True, bf16_grads=True), None,
-     1.7567832065159317, 13.472714318263769),
-    ("gpt3", "b200", "dgx-b200", dict(gpus=1024, tp=4, pp=8, vp=4, gbs=1024, fp8=True, bf16_grads=True), None,
-     1.545878955310907, 16.109704163640746),
+    (
+        "llama2_70b_lora",
+        "h200",
+        "nd-h200-v5",
+        dict(gpus=512, tp=4, cp=2, gbs=64, fp8=True, bf16_grads=True),
+        None,
+        0.6076961203733244,
+        1.2361424535339625,
+    ),
+    (
+        "gpt3",
+        "h100",
+        "nd-h100-v5",
+        dict(gpus=10752, tp=4, pp=8, vp=12, gbs=2688, fp8=True, bf16_grads=True),
+        "v3.1",
+        1.0215879551179914,
+        4.005596367792208,
+    ),
+    (
+        "gpt3",
+        "h100",
+        "hgx-h100",
+        dict(gpus=512, tp=8, pp=8, gbs=512, sp=False, zero=0),
+        None,
+        5.15142532247474,
+        107.83330636161345,
+    ),
+    (
+        "llama2_70b_lora",
+        "b200",
+        "dgx-b200",
+        dict(gpus=8, tp=2, gbs=8, fp8=True, bf16_grads=True),
+        None,
+        1.7567832065159317,
+        13.472714318263769,
+    ),
+    (
+        "gpt3",
+        "b200",
+        "dgx-b200",
+        dict(gpus=1024, tp=4, pp=8, vp=4, gbs=1024, fp8=True, bf16_grads=True),
+        None,
+        1.545878955310907,
+        16.109704163640746,
+    ),
 ]
 
 
 @pytest.mark.parametrize("model,gpu,node,layout,calibration,step_s,ttt_min", GOLDEN)
 def test_existing_hardware_predicts_what_it_did(model, gpu, node, layout, calibration, step_s, ttt_min):
-    gemm = {"v3.1": 0.7474158945208146, None: {"h100": 0.8826661284240264, "h200": 0.8826661284240264,
-                                                "b200": 0.7325522666396367}}
+    gemm = {
+        "v3.1": 0.7474158945208146,
+        None: {"h100": 0.8826661284240264, "h200": 0.8826661284240264, "b200": 0.7325522666396367},
+    }
     eff = Efficiency(gemm_eff=gemm["v3.1"] if calibration else gemm[None][gpu], **OLD_SHARED)
     p = predict(load_workload(model), ClusterLayout(**layout), gpu, node, eff=eff)
     assert p.step_time_s == pytest.approx(step_s, rel=1e-12)

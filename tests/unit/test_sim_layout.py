@@ -11,11 +11,28 @@ from scaletrain.parallel.dry_run import dry_run
 from scaletrain.parallel.layout import Layout
 from scaletrain.parallel.sim_layout import sim_inputs, sim_layout
 
-GPT = ["model.arch=gpt3", "model.n_layers=4", "model.d_model=64", "model.n_heads=4", "model.seq_len=32",
-       "model.vocab_size=256", "train.global_batch_size=8", "train.micro_batch_size=1"]
-LLAMA = ["model.arch=llama", "model.n_layers=4", "model.d_model=64", "model.n_heads=4", "model.n_kv_heads=2",
-         "model.d_ff=128", "model.seq_len=32", "model.vocab_size=256", "train.global_batch_size=8",
-         "train.micro_batch_size=1"]
+GPT = [
+    "model.arch=gpt3",
+    "model.n_layers=4",
+    "model.d_model=64",
+    "model.n_heads=4",
+    "model.seq_len=32",
+    "model.vocab_size=256",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=1",
+]
+LLAMA = [
+    "model.arch=llama",
+    "model.n_layers=4",
+    "model.d_model=64",
+    "model.n_heads=4",
+    "model.n_kv_heads=2",
+    "model.d_ff=128",
+    "model.seq_len=32",
+    "model.vocab_size=256",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=1",
+]
 # (model, parallel overrides, world size): FSDP, TP, TP x FSDP, PP (1F1B and interleaved), HSDP, DDP, CP.
 LAYOUTS = [
     (GPT, [], 4),
@@ -56,11 +73,18 @@ def test_adapter_prices_default_fsdp_as_zero3_and_hsdp_over_its_shards():
     assert sim_inputs(cfg, 2)[1].zero == 0  # DDP: every rank holds all 16 bytes per parameter
 
 
-@pytest.mark.parametrize("preset,overrides,world", [
-    ("gpt3-proxy", [*GPT, "parallel.pp=2"], 4),
-    ("gpt3-proxy", [*LLAMA, "parallel.tp=2"], 4),
-    ("llama2-70b", ["parallel.tp=8", "parallel.pp=4", "train.global_batch_size=64", "train.micro_batch_size=1"], 256),
-])
+@pytest.mark.parametrize(
+    "preset,overrides,world",
+    [
+        ("gpt3-proxy", [*GPT, "parallel.pp=2"], 4),
+        ("gpt3-proxy", [*LLAMA, "parallel.tp=2"], 4),
+        (
+            "llama2-70b",
+            ["parallel.tp=8", "parallel.pp=4", "train.global_batch_size=64", "train.micro_batch_size=1"],
+            256,
+        ),
+    ],
+)
 def test_dry_run_and_predict_from_config_agree_on_memory(capsys, preset, overrides, world):
     flags = ["--preset", preset, *_flags(overrides)]
     assert main(["train", "--dry-run", "--json", "--world-size", str(world), *flags]) in (0, 2)
@@ -81,12 +105,28 @@ def test_predict_from_config_reports_a_bad_layout_in_one_line(capsys):
 # (trainer overrides, world size): HSDP x CP x TP(+SP) with FP8 and 2-sequence micro-batches; DDP; FSDP x
 # interleaved PP.
 FROM_FILE = [
-    (["parallel.tp=2", "parallel.cp=2", "parallel.dp_replicate=2", "train.fp8=true", "train.micro_batch_size=2",
-      "train.global_batch_size=16"], 16),
+    (
+        [
+            "parallel.tp=2",
+            "parallel.cp=2",
+            "parallel.dp_replicate=2",
+            "train.fp8=true",
+            "train.micro_batch_size=2",
+            "train.global_batch_size=16",
+        ],
+        16,
+    ),
     (["parallel.dp_replicate=4", "parallel.dp_shard=1", "train.global_batch_size=8", "train.micro_batch_size=1"], 4),
-    (["parallel.pp=2", "parallel.pp_virtual=2", "parallel.pp_schedule=interleaved_1f1b", "train.global_batch_size=8",
-      "train.micro_batch_size=1"],
-     8),
+    (
+        [
+            "parallel.pp=2",
+            "parallel.pp_virtual=2",
+            "parallel.pp_schedule=interleaved_1f1b",
+            "train.global_batch_size=8",
+            "train.micro_batch_size=1",
+        ],
+        8,
+    ),
 ]
 
 
@@ -95,8 +135,10 @@ def test_predict_from_config_file_prices_the_layout_train_dry_run_runs(tmp_path,
     cfg = resolve("gpt3-proxy", overrides=overrides)
     path = str(cfg.save(tmp_path))
     # Another preset under the file: a run's config.json holds every field, so the file alone decides.
-    assert main(["train", "--dry-run", "--json", "--preset", "gpt3-175b", "--config", path,
-                 "--world-size", str(world)]) == 0
+    assert (
+        main(["train", "--dry-run", "--json", "--preset", "gpt3-175b", "--config", path, "--world-size", str(world)])
+        == 0
+    )
     dry = json.loads(capsys.readouterr().out)
     assert main(["predict", "--from-config", path, "--world-size", str(world), "--json"]) == 0
     pred = json.loads(capsys.readouterr().out)
@@ -104,7 +146,11 @@ def test_predict_from_config_file_prices_the_layout_train_dry_run_runs(tmp_path,
     dp = deg["dp_replicate"] * deg["dp_shard"]
     assert (lay["gpus"], lay["tp"], lay["pp"], lay["cp"], lay["dp"]) == (world, deg["tp"], deg["pp"], deg["cp"], dp)
     assert (lay["vp"], lay["mbs"], lay["gbs"], lay["fp8"]) == (
-        cfg.parallel.pp_virtual, cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.train.fp8)
+        cfg.parallel.pp_virtual,
+        cfg.train.micro_batch_size,
+        cfg.train.global_batch_size,
+        cfg.train.fp8,
+    )
     sharded = dry["data_parallel"] in ("fsdp", "hsdp")
     assert lay["zero"] == (3 if sharded else 0)
     assert lay.get("shard_group", 0) == (deg["dp_shard"] * deg["cp"] if dry["data_parallel"] == "hsdp" else 0)

@@ -24,8 +24,28 @@ from scaletrain.sim.mlperf import (
 # gpt3 4.1.0 RCP lists, copied from mlperf_logging/rcp_checker/training_4.1.0/rcps_gpt3.json.
 GPT3_2048 = [1157627904, 1207959552, 1157627904, 1207959552, 1207959552, 1157627904, 1157627904]
 GPT3_3072 = [1258291200, 1207959552, 1207959552, 1207959552, 1207959552, 1207959552, 13790871552]
-LORA_8 = [3072, 2688, 3456, 3072, 3072, 3072, 3456, 3456, 3072, 2688,
-          3456, 3072, 3072, 3072, 3840, 3456, 2688, 3072, 3456, 3456]
+LORA_8 = [
+    3072,
+    2688,
+    3456,
+    3072,
+    3072,
+    3072,
+    3456,
+    3456,
+    3072,
+    2688,
+    3456,
+    3072,
+    3072,
+    3072,
+    3840,
+    3456,
+    2688,
+    3072,
+    3456,
+    3456,
+]
 
 
 def _by_hand(values):
@@ -61,7 +81,7 @@ def test_rcp_pins(rcp_source):
 
 
 def test_rcp_ends_and_pruning(rcp_source):
-    assert rcp_mean("gpt3", 512) == rcp_mean("gpt3", 1536)     # below the smallest BS: the smallest record
+    assert rcp_mean("gpt3", 512) == rcp_mean("gpt3", 1536)  # below the smallest BS: the smallest record
     assert rcp_mean("gpt3", 8192) == pytest.approx(1623195648)
     with pytest.raises(ValueError, match="above the largest RCP batch size 8192"):
         rcp_mean("gpt3", 8193)
@@ -97,7 +117,7 @@ def test_package_files_found_without_importing_checker():
 
 def test_eval_cadence():
     assert eval_interval_steps("gpt3", 2048) == 12
-    assert eval_interval_steps("gpt3", 2304) == 11       # ceil(24576/2304)
+    assert eval_interval_steps("gpt3", 2304) == 11  # ceil(24576/2304)
     assert eval_interval_steps("gpt3", 8192) == 3
     assert eval_interval_steps("llama2_70b_lora", 8) == 48
     assert eval_interval_steps("llama2_70b_lora", 40) == 10  # ceil(384/40)
@@ -111,8 +131,9 @@ def test_eval_cadence():
 
 def test_gpt3_convergence():
     c = convergence("gpt3", 2048, converge=1207959552)
-    assert c == Convergence(steps=288, evals=24, eval_interval_steps=12, train_sequences=288 * 2048,
-                            eval_tokens=11_590_004)
+    assert c == Convergence(
+        steps=288, evals=24, eval_interval_steps=12, train_sequences=288 * 2048, eval_tokens=11_590_004
+    )
     # RCP mean 1.1778e9 tokens = 280.8 steps: a run can only stop at an evaluation, so 24 intervals.
     d = convergence("gpt3", 2048)
     assert (d.steps, d.evals) == (288, 24)
@@ -131,7 +152,7 @@ def test_lora_convergence_skip_rule():
     # Converging inside the skipped region still has to wait for the first evaluation that runs.
     early = convergence("llama2_70b_lora", 8, converge=500)
     assert (early.steps, early.evals) == (4 * 48, 1)
-    assert convergence("llama2_70b_lora", 8).steps == 9 * 48   # RCP mean 3178.7 samples -> 9th interval
+    assert convergence("llama2_70b_lora", 8).steps == 9 * 48  # RCP mean 3178.7 samples -> 9th interval
     with pytest.raises(ValueError, match="positive"):
         convergence("llama2_70b_lora", 8, converge=0)
 
@@ -159,7 +180,7 @@ def test_olympic_mean_and_score():
     with pytest.raises(ValueError, match="at least 3"):
         olympic_mean([1, 2])
     assert score("gpt3", [8.566, 8.588, 8.574]) == 8.574
-    assert score("gpt3", [10.0, None, 9.0]) == 10.0          # a failed run counts as the slowest
+    assert score("gpt3", [10.0, None, 9.0]) == 10.0  # a failed run counts as the slowest
     assert score("gpt3", [10.0, math.inf, 9.0]) == 10.0
     with pytest.raises(ValueError, match="at most one run"):
         score("gpt3", [10.0, None, None])

@@ -194,8 +194,11 @@ def test_all_to_all_inside_a_domain_and_across_nics():
     # 64 ranks over 8 boards: 7/64 of the bytes on NVLink, 56/64 through the GPU's own NIC, at the same time.
     across = cl.all_to_all(64, size)
     assert across >= 56 / 64 * size / nic and across == pytest.approx(
-        max(7 * cl.node.nvlink_alpha_us * 1e-6 + 7 / 64 * size / nv,
-            7 * cl.net_alpha_us(8) * 1e-6 + 56 / 64 * size / nic))
+        max(
+            7 * cl.node.nvlink_alpha_us * 1e-6 + 7 / 64 * size / nv,
+            7 * cl.net_alpha_us(8) * 1e-6 + 56 / 64 * size / nic,
+        )
+    )
     assert cl.collective("all_to_all", 64, size) == across
     # An NVL72 rack keeps 64 ranks inside its NVLink domain.
     gb = _cluster(64, "gb200")
@@ -246,8 +249,10 @@ def test_all_to_all_and_imbalance_cost_step_time():
     hidden = step_time(w, base, cl, Efficiency(a2a_exposed=0.0))
     assert hidden.breakdown["ep_exposed"] == 0 and hidden.step_time_s < st.step_time_s
     skewed = step_time(w, dataclasses.replace(base, moe_imbalance=1.5), cl, Efficiency())
-    assert skewed.breakdown["compute"] > st.breakdown["compute"] and skewed.breakdown["ep_exposed"] > st.breakdown[
-        "ep_exposed"]
+    assert (
+        skewed.breakdown["compute"] > st.breakdown["compute"]
+        and skewed.breakdown["ep_exposed"] > st.breakdown["ep_exposed"]
+    )
     dense_keys = step_time(_deepseek(["model.moe.n_experts=0"]), dataclasses.replace(base, ep=1), cl, Efficiency())
     assert "ep_exposed" not in dense_keys.breakdown
 

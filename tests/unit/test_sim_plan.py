@@ -42,8 +42,9 @@ def test_gpt3_512_h100_no_worse_than_the_published_layout(gpt3_512):
     assert best.feasible and not best.reasons
     assert best.memory_gib_per_gpu * GIB < 80 * GB
     assert best.layout["tp"] <= 8
-    published = min(predict(GPT3, lay, "h100").time_to_train_min
-                    for lay in (PUBLISHED, replace(PUBLISHED, bf16_grads=False)))
+    published = min(
+        predict(GPT3, lay, "h100").time_to_train_min for lay in (PUBLISHED, replace(PUBLISHED, bf16_grads=False))
+    )
     assert best.time_to_train_min <= published
     assert gpt3_512.objective == "ttt" and gpt3_512.feasible <= gpt3_512.searched
 
@@ -102,12 +103,15 @@ def test_non_benchmark_defaults_to_throughput_and_default_gbs():
         plan(GPT3, "h100", 512, gbs=16384)
 
 
-@pytest.mark.parametrize("w, gpu, lay", [
-    (GPT3, "h100", PUBLISHED),
-    (GPT3, "h100", ClusterLayout(gpus=512, tp=2, pp=16, vp=3, cp=2, mbs=2, gbs=4096, recompute="full")),
-    (GPT3, "h200", ClusterLayout(gpus=64, tp=8, pp=1, cp=2, mbs=1, gbs=1536, zero=3)),
-    (LORA, "h200", ClusterLayout(gpus=8, tp=2, pp=2, vp=4, cp=2, mbs=1, gbs=8, fp8=True)),
-])
+@pytest.mark.parametrize(
+    "w, gpu, lay",
+    [
+        (GPT3, "h100", PUBLISHED),
+        (GPT3, "h100", ClusterLayout(gpus=512, tp=2, pp=16, vp=3, cp=2, mbs=2, gbs=4096, recompute="full")),
+        (GPT3, "h200", ClusterLayout(gpus=64, tp=8, pp=1, cp=2, mbs=1, gbs=1536, zero=3)),
+        (LORA, "h200", ClusterLayout(gpus=8, tp=2, pp=2, vp=4, cp=2, mbs=1, gbs=8, fp8=True)),
+    ],
+)
 def test_pruning_bound_never_exceeds_the_closed_form(w, gpu, lay):
     g, n, f = load_catalog().system(gpu)
     _, eff = efficiency_for(None, g.key)

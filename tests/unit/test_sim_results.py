@@ -13,12 +13,18 @@ import pytest
 from scaletrain.benchmarks import BENCHMARKS
 from scaletrain.sim.fit.results import PublishedResult, ResultsError, bundled_results, gpu_key, load_results
 
-GPT3_HEADER = ("benchmark,round,submitter,system,accelerator,n_accel,n_nodes,interconnect,framework,gbs,tp,pp,vp,"
-               "mbs,fp8,n_runs,run_minutes,score_minutes,run_tokens_to_converge,source")
-GOOD = ('gpt3,3.1,NVIDIA,"sys, with comma",NVIDIA H100-SXM5-80GB,512,64,IB,NeMo,2048,4,8,12,1,yes,3,'
-        "58.247;58.353;58.302,58.302,1207959552;1207959552;1207959552,src")
-LORA_HEADER = ("benchmark,round,submitter,system,accelerator,n_accel,gbs,parallelism,interconnect,n_runs,"
-               "run_minutes,olympic_minutes,scaling_factor,score_minutes,run_samples_to_converge,source")
+GPT3_HEADER = (
+    "benchmark,round,submitter,system,accelerator,n_accel,n_nodes,interconnect,framework,gbs,tp,pp,vp,"
+    "mbs,fp8,n_runs,run_minutes,score_minutes,run_tokens_to_converge,source"
+)
+GOOD = (
+    'gpt3,3.1,NVIDIA,"sys, with comma",NVIDIA H100-SXM5-80GB,512,64,IB,NeMo,2048,4,8,12,1,yes,3,'
+    "58.247;58.353;58.302,58.302,1207959552;1207959552;1207959552,src"
+)
+LORA_HEADER = (
+    "benchmark,round,submitter,system,accelerator,n_accel,gbs,parallelism,interconnect,n_runs,"
+    "run_minutes,olympic_minutes,scaling_factor,score_minutes,run_samples_to_converge,source"
+)
 
 
 def _one(**changes) -> str:
@@ -77,7 +83,11 @@ def test_gpt3_scores_are_the_median_of_three():
 
 
 def test_lora_olympic_minutes_column_and_score_scaling():
-    text = resources.files("scaletrain.sim").joinpath("data", BENCHMARKS["llama2_70b_lora"].calibration_file).read_text("utf-8")
+    text = (
+        resources.files("scaletrain.sim")
+        .joinpath("data", BENCHMARKS["llama2_70b_lora"].calibration_file)
+        .read_text("utf-8")
+    )
     published = {int(i) + 2: row for i, row in enumerate(csv.DictReader(io.StringIO(text)))}
     for r in (r for r in bundled_results("llama2_70b_lora") if not r.file):  # the v4.x file has this column
         runs = sorted(r.run_minutes)
@@ -87,14 +97,23 @@ def test_lora_olympic_minutes_column_and_score_scaling():
         assert r.score_minutes == pytest.approx(r.olympic_minutes * r.scaling_factor, abs=6e-4)
 
 
-@pytest.mark.parametrize("text,key", [("NVIDIA H100-SXM5-80GB", "h100"), ("H200-SXM5-141GB", "h200"),
-                                      ("NVIDIA B200-SXM-180GB", "b200"), ("NVIDIA GB200", "gb200"),
-                                      ("NVIDIA GB300 NVL72", "gb300"), ("NVIDIA A100-SXM4-80GB", "a100"),
-                                      ("NVIDIA H200-NVL-141GB", "h200nvl"), ("NVIDIA H200 NVL", "h200nvl"),
-                                      ("NVIDIA Blackwell Ultra GPU (B300-SXM-270GB)", "b300"),
-                                      ("NVIDIA Blackwell Ultra GPU (GB300)", "gb300"),
-                                      ("AMD Instinct MI300X 192GB HBM3", "mi300x"),
-                                      ("AMD Instinct MI325X 256GB HBM3E DLC", "mi325x")])
+@pytest.mark.parametrize(
+    "text,key",
+    [
+        ("NVIDIA H100-SXM5-80GB", "h100"),
+        ("H200-SXM5-141GB", "h200"),
+        ("NVIDIA B200-SXM-180GB", "b200"),
+        ("NVIDIA GB200", "gb200"),
+        ("NVIDIA GB300 NVL72", "gb300"),
+        ("NVIDIA A100-SXM4-80GB", "a100"),
+        ("NVIDIA H200-NVL-141GB", "h200nvl"),
+        ("NVIDIA H200 NVL", "h200nvl"),
+        ("NVIDIA Blackwell Ultra GPU (B300-SXM-270GB)", "b300"),
+        ("NVIDIA Blackwell Ultra GPU (GB300)", "gb300"),
+        ("AMD Instinct MI300X 192GB HBM3", "mi300x"),
+        ("AMD Instinct MI325X 256GB HBM3E DLC", "mi325x"),
+    ],
+)
 def test_gpu_key(text, key):
     assert gpu_key(text) == key
 
@@ -117,18 +136,20 @@ def test_missing_column_fails_the_file(tmp_path):
 
 
 def test_bad_rows_are_skipped_with_their_line_numbers(tmp_path):
-    lines = [GPT3_HEADER,
-             GOOD,                                             # 2
-             _one(accelerator="AMD MI250X"),                   # 3 unknown GPU
-             "",                                               # 4 blank: ignored
-             _one(n_accel="5l2"),                              # 5 bad integer
-             _one(run_minutes="1.0;2.0"),                      # 6 wrong run count
-             _one(round="v4.1", gbs="3072"),                   # 7 good
-             _one(fp8="maybe"),                                # 8
-             _one(score_minutes="0"),                          # 9
-             _one(tp=""),                                      # 10
-             GOOD + ",extra",                                  # 11
-             _one(run_tokens_to_converge="1;2")]               # 12
+    lines = [
+        GPT3_HEADER,
+        GOOD,  # 2
+        _one(accelerator="AMD MI250X"),  # 3 unknown GPU
+        "",  # 4 blank: ignored
+        _one(n_accel="5l2"),  # 5 bad integer
+        _one(run_minutes="1.0;2.0"),  # 6 wrong run count
+        _one(round="v4.1", gbs="3072"),  # 7 good
+        _one(fp8="maybe"),  # 8
+        _one(score_minutes="0"),  # 9
+        _one(tp=""),  # 10
+        GOOD + ",extra",  # 11
+        _one(run_tokens_to_converge="1;2"),
+    ]  # 12
     path = tmp_path / "mixed.csv"
     path.write_text("\n".join(lines) + "\n")
     report = load_results(path)
@@ -146,8 +167,11 @@ def test_bad_rows_are_skipped_with_their_line_numbers(tmp_path):
 
 
 def test_lora_layout_parsing_and_defaults():
-    row = ('llama2_70b_lora,v4.1,X,sys,NVIDIA GB200,72,9,"TP2 PP1 CP4, FP8",-,10,'
-           + ";".join(["5.0"] * 10) + ",5.0,-,5.0,,src")
+    row = (
+        'llama2_70b_lora,v4.1,X,sys,NVIDIA GB200,72,9,"TP2 PP1 CP4, FP8",-,10,'
+        + ";".join(["5.0"] * 10)
+        + ",5.0,-,5.0,,src"
+    )
     r = load_results(LORA_HEADER + "\n" + row + "\n", strict=True).rows[0]
     assert (r.gpu, r.tp, r.pp, r.cp, r.vp, r.mbs, r.fp8, r.nodes) == ("gb200", 2, 1, 4, 1, 1, True, 9)
     assert r.run_converge == () and r.scaling_factor == 1.0 and r.interconnect == "-"
@@ -165,8 +189,10 @@ def test_unreadable_path():
 
 
 def test_no_heavy_imports():
-    code = ("import sys; import scaletrain.sim.fit.results, scaletrain.sim.mlperf as m; m.rcp_mean('gpt3', 2048); "
-            "print([x for x in ('torch', 'numpy', 'mlperf_logging') if x in sys.modules])")
+    code = (
+        "import sys; import scaletrain.sim.fit.results, scaletrain.sim.mlperf as m; m.rcp_mean('gpt3', 2048); "
+        "print([x for x in ('torch', 'numpy', 'mlperf_logging') if x in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -96,9 +96,23 @@ def test_interleaved_in_flight_capped_when_warmup_covers_everything():
 def test_interleaved_op_order_is_megatrons():
     f, b = False, True
     assert sched._op_order("interleaved_1f1b", 2, 4, 2, 0) == [
-        (f, 0, 0), (f, 0, 1), (f, 1, 0), (f, 1, 1),
-        (f, 0, 2), (b, 1, 0), (f, 0, 3), (b, 1, 1), (f, 1, 2), (b, 0, 0), (f, 1, 3), (b, 0, 1),
-        (b, 1, 2), (b, 1, 3), (b, 0, 2), (b, 0, 3)]
+        (f, 0, 0),
+        (f, 0, 1),
+        (f, 1, 0),
+        (f, 1, 1),
+        (f, 0, 2),
+        (b, 1, 0),
+        (f, 0, 3),
+        (b, 1, 1),
+        (f, 1, 2),
+        (b, 0, 0),
+        (f, 1, 3),
+        (b, 0, 1),
+        (b, 1, 2),
+        (b, 1, 3),
+        (b, 0, 2),
+        (b, 0, 3),
+    ]
     assert sched._op_order("1f1b", 3, 4, 1, 0)[:5] == [(f, 0, 0), (f, 0, 1), (f, 0, 2), (b, 0, 0), (f, 0, 3)]
 
 
@@ -116,20 +130,23 @@ def test_dp_overlap_times_are_sane(schedule):
         assert res.last_backward_end[0] == sorted(res.last_backward_end[0], reverse=True)
 
 
-@pytest.mark.parametrize("args,kwargs,needle", [
-    (("zb", 2, 4), {}, "unknown pipeline schedule 'zb'"),
-    (("1f1b", 0, 4), {}, "p must be a positive integer"),
-    (("1f1b", 2, 0), {}, "m must be a positive integer"),
-    (("1f1b", 2.0, 4), {}, "p must be a positive integer"),
-    (("interleaved_1f1b", 2, 4, 0), {}, "v must be a positive integer"),
-    (("1f1b", 4, 2), {}, "need m >= p"),
-    (("gpipe", 2, 4, 2), {}, "v must be 1"),
-    (("interleaved_1f1b", 4, 6, 2), {}, "m divisible by p"),
-    (("1f1b", 2, 4), {"fwd": [[1.0]]}, "fwd must have shape p x v = 2 x 1"),
-    (("1f1b", 2, 4), {"bwd": [[1.0], [-1.0]]}, "bwd durations must be finite and >= 0"),
-    (("1f1b", 2, 4), {"fwd": "fast"}, "fwd must be"),
-    (("1f1b", 2, 4), {"p2p": -1}, "p2p must be a finite number >= 0"),
-])
+@pytest.mark.parametrize(
+    "args,kwargs,needle",
+    [
+        (("zb", 2, 4), {}, "unknown pipeline schedule 'zb'"),
+        (("1f1b", 0, 4), {}, "p must be a positive integer"),
+        (("1f1b", 2, 0), {}, "m must be a positive integer"),
+        (("1f1b", 2.0, 4), {}, "p must be a positive integer"),
+        (("interleaved_1f1b", 2, 4, 0), {}, "v must be a positive integer"),
+        (("1f1b", 4, 2), {}, "need m >= p"),
+        (("gpipe", 2, 4, 2), {}, "v must be 1"),
+        (("interleaved_1f1b", 4, 6, 2), {}, "m divisible by p"),
+        (("1f1b", 2, 4), {"fwd": [[1.0]]}, "fwd must have shape p x v = 2 x 1"),
+        (("1f1b", 2, 4), {"bwd": [[1.0], [-1.0]]}, "bwd durations must be finite and >= 0"),
+        (("1f1b", 2, 4), {"fwd": "fast"}, "fwd must be"),
+        (("1f1b", 2, 4), {"p2p": -1}, "p2p must be a finite number >= 0"),
+    ],
+)
 def test_bad_inputs_name_the_problem(args, kwargs, needle):
     with pytest.raises(ValueError) as err:
         simulate(*args, **kwargs)

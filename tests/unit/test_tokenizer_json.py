@@ -39,8 +39,11 @@ def test_byte_level_bpe_is_deterministic_and_round_trips_any_text(bpe, tmp_path)
 
 def test_prepare_pins_the_tokenizer_json_and_checks_vocabularies(bpe, tmp_path):
     meta = prepare_dataset(EXCERPT[:2], tmp_path / "ds", bpe)
-    assert meta["tokenizer_sha256"] == hashlib.sha256(bpe.path.read_bytes()).hexdigest() == read_meta(tmp_path / "ds")[
-        "tokenizer_sha256"]
+    assert (
+        meta["tokenizer_sha256"]
+        == hashlib.sha256(bpe.path.read_bytes()).hexdigest()
+        == read_meta(tmp_path / "ds")["tokenizer_sha256"]
+    )
     assert (meta["vocab_size"], meta["dtype"]) == (512, "uint16")
     ds = load_dataset(tmp_path / "ds", bpe, 512)
     assert bpe.decode(ds[0][:12].tolist()) == bpe.decode(bpe.encode(EXCERPT[0].read_text())[:12])
@@ -118,8 +121,10 @@ def test_default_corpus_with_bpe_and_the_config_that_selects_it(tmp_path):
 def test_cli_prepare_trains_a_bpe_or_takes_a_tokenizer_json(tmp_path, capsys):
     from scaletrain.cli.main import main
 
-    assert main(["data", "prepare", str(EXCERPT[0]), "--out", str(tmp_path / "a" / "ds"), "--bpe",
-                 "--vocab-size", "400"]) == 0
+    assert (
+        main(["data", "prepare", str(EXCERPT[0]), "--out", str(tmp_path / "a" / "ds"), "--bpe", "--vocab-size", "400"])
+        == 0
+    )
     tok_file = tmp_path / "a" / "tokenizer.json"
     assert Tokenizer(tok_file).vocab_size == 400 and "vocab 400" in capsys.readouterr().out
     assert main(["data", "prepare", str(EXCERPT[1]), "--out", str(tmp_path / "b"), "--tokenizer", str(tok_file)]) == 0

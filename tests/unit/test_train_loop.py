@@ -88,9 +88,17 @@ def test_hooks_in_order_and_a_result_without_observer_fields(tmp_path):
     result = run_loop(cfg, engine, tmp_path, [rec])
     assert result["outcome"] == "converged" and result["steps"] == 64 and result["recorded"] == 2 + 2 * 36 + 1
     block = lambda a, b: [("block_start", a, b), *[("step", s) for s in range(a + 1, b + 1)], ("block_end", a, b)]
-    assert rec.calls == [("init_start", False), ("run_start", 0), *block(0, 32), ("eval_start", 32),
-                         ("eval", 32, 6.0), *block(32, 64), ("eval_start", 64), ("eval", 64, 5.5),
-                         ("run_end", "converged")]
+    assert rec.calls == [
+        ("init_start", False),
+        ("run_start", 0),
+        *block(0, 32),
+        ("eval_start", 32),
+        ("eval", 32, 6.0),
+        *block(32, 64),
+        ("eval_start", 64),
+        ("eval", 64, 5.5),
+        ("run_end", "converged"),
+    ]
     on_disk = json.loads((tmp_path / "result.json").read_text())
     assert on_disk == result and "mllog" not in result and "rule_violations" not in result
     assert not (tmp_path / "mllog.txt").exists() and result["time_to_train_s"] >= 0
@@ -119,8 +127,14 @@ def test_a_signal_saves_mid_block_and_the_resume_finishes_that_block(tmp_path):
 
 
 def test_a_checkpoint_of_the_old_harness_format_still_resumes():
-    harness = {"steps": 40, "evals": [{"step": 32}], "t_start": 1000, "mllog_bytes": 777, "block_first": 32,
-               "last": {"loss": 3.0, "lr": 1e-3}}
+    harness = {
+        "steps": 40,
+        "evals": [{"step": 32}],
+        "t_start": 1000,
+        "mllog_bytes": 777,
+        "block_first": 32,
+        "last": {"loss": 3.0, "lr": 1e-3},
+    }
     state = LoopState.restore({"step": 40, "config": {}, "harness": harness})
     assert (state.step, state.t_start, state.block_first, state.last) == (40, 1000, 32, {"loss": 3.0, "lr": 1e-3})
     assert state.observers == {"mlperf": {"mllog_bytes": 777}} and state.resume.info["harness"] is harness
@@ -130,14 +144,18 @@ def test_a_checkpoint_of_the_old_harness_format_still_resumes():
     assert again.saved() == state.saved()
 
 
-@pytest.mark.parametrize("loop, problem", [
-    ({"step": 5, "evals": [], "t_start": 1, "last": {}, "observers": {}}, "differs from 'step' 4"),
-    ({"step": 4, "evals": {}, "t_start": 1, "last": {}, "observers": {}}, "'evals'"),
-    ({"step": 4, "evals": [], "t_start": -1, "last": {}, "observers": {}}, "'t_start'"),
-    ({"step": 4, "evals": [], "t_start": 1, "last": {"loss": "x"}, "observers": {}}, "'last'"),
-    ({"step": 4, "evals": [], "t_start": 1, "last": {}, "observers": []}, "'observers'"),
-    ({"step": 4, "evals": [], "t_start": 1, "last": {}, "observers": {}, "block_first": 9}, "'block_first'"),
-], ids=["step", "evals", "t_start", "last", "observers", "block_first"])
+@pytest.mark.parametrize(
+    "loop, problem",
+    [
+        ({"step": 5, "evals": [], "t_start": 1, "last": {}, "observers": {}}, "differs from 'step' 4"),
+        ({"step": 4, "evals": {}, "t_start": 1, "last": {}, "observers": {}}, "'evals'"),
+        ({"step": 4, "evals": [], "t_start": -1, "last": {}, "observers": {}}, "'t_start'"),
+        ({"step": 4, "evals": [], "t_start": 1, "last": {"loss": "x"}, "observers": {}}, "'last'"),
+        ({"step": 4, "evals": [], "t_start": 1, "last": {}, "observers": []}, "'observers'"),
+        ({"step": 4, "evals": [], "t_start": 1, "last": {}, "observers": {}, "block_first": 9}, "'block_first'"),
+    ],
+    ids=["step", "evals", "t_start", "last", "observers", "block_first"],
+)
 def test_a_malformed_loop_state_is_a_one_line_checkpoint_error(tmp_path, loop, problem):
     with pytest.raises(CheckpointError) as err:
         LoopState.restore({"step": 4, "config": {}, "loop": loop}, tmp_path)
@@ -163,12 +181,15 @@ class FinalSaving(Saving):
         return super().save_checkpoint(loop_state)
 
 
-@pytest.mark.parametrize("how, overrides, kw, saved_steps", [
-    ("converged", [], {"eval_losses": [6.0, 5.5]}, [64]),
-    ("budget_exhausted", ["train.max_steps=40"], {"eval_losses": [6.0]}, [40]),
-    ("diverged", [], {"eval_losses": [6.0, math.nan]}, []),  # its weights are not worth a checkpoint
-    ("preempted", [], {"eval_losses": [6.0, 5.5], "signal_at": 40}, [40]),  # the signal's save, not a second one
-])
+@pytest.mark.parametrize(
+    "how, overrides, kw, saved_steps",
+    [
+        ("converged", [], {"eval_losses": [6.0, 5.5]}, [64]),
+        ("budget_exhausted", ["train.max_steps=40"], {"eval_losses": [6.0]}, [40]),
+        ("diverged", [], {"eval_losses": [6.0, math.nan]}, []),  # its weights are not worth a checkpoint
+        ("preempted", [], {"eval_losses": [6.0, 5.5], "signal_at": 40}, [40]),  # the signal's save, not a second one
+    ],
+)
 def test_the_final_step_is_saved_once_when_the_run_ends_on_its_own(tmp_path, how, overrides, kw, saved_steps):
     cfg = _cfg(*overrides)
     engine = FinalSaving(cfg, eval_tokens=4096, **kw)
@@ -228,8 +249,9 @@ def test_a_failed_final_save_is_a_crash_recorded_in_the_result(tmp_path):
 
 
 @pytest.mark.hostile
-@pytest.mark.parametrize("t_stop", ["soon", -1, 0.5, True, 0, [5]], ids=["str", "negative", "float", "bool",
-                                                                       "before-start", "list"])
+@pytest.mark.parametrize(
+    "t_stop", ["soon", -1, 0.5, True, 0, [5]], ids=["str", "negative", "float", "bool", "before-start", "list"]
+)
 def test_a_malformed_final_stop_time_is_a_one_line_checkpoint_error(tmp_path, t_stop):
     loop = {"step": 4, "evals": [], "t_start": 100, "last": {}, "observers": {}, "t_stop": t_stop}
     with pytest.raises(CheckpointError) as err:

@@ -22,8 +22,9 @@ def test_eval_cadence_and_step_budget():
     assert max_benchmark_steps(gpt3("train.max_steps=5")) == 5
 
 
-@pytest.mark.parametrize("gbs, skip, every, first_eval_samples", [(8, 3, 48, 1536), (16, 4, 24, 1920),
-                                                                   (40, 7, 10, 3200)])
+@pytest.mark.parametrize(
+    "gbs, skip, every, first_eval_samples", [(8, 3, 48, 1536), (16, 4, 24, 1920), (40, 7, 10, 3200)]
+)
 def test_skip_count_and_cadence(gbs, skip, every, first_eval_samples):
     cfg = lora_reference_config(f"train.global_batch_size={gbs}")
     assert eval_skip(cfg) == skip == skipped_evals("llama2_70b_lora", gbs)  # floor(0.125*GBS + 2)
