@@ -1,7 +1,7 @@
 """Fit the free scalars (`Efficiency`) on published results, and score predictions against them.
 
 One GEMM efficiency per (software release, GPU generation), a GEMM-efficiency multiplier per non-reference GPU SKU
-(`efficiency.SKU_REFERENCE`), three scalars per benchmark (`efficiency.PER_BENCHMARK`: TP exposure, evaluation
+(each generation's `reference_gpu` in `sim/hardware/generations.toml`), three scalars per benchmark (`efficiency.PER_BENCHMARK`: TP exposure, evaluation
 efficiency, per-step synchronisation) and eight shared by all are fitted by coordinate descent on the squared log
 error of each row's run times, with the row's own published tokens/samples to converge, so the fit sees the
 performance model only. The shared ones: DP overlap, overlap slowdown, FP4 efficiency, and the other fixed costs
