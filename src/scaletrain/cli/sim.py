@@ -14,7 +14,7 @@ from pathlib import Path
 from scaletrain import benchmarks
 from scaletrain.cli.calibrate_modes import calibrate_from_runs, calibrate_layer_timings
 from scaletrain.cli.run_lines import plan_run_lines, print_run_lines
-from scaletrain.cli.validate_report import print_validation
+from scaletrain.cli.validate_report import print_terms, print_validation
 from scaletrain.config_bounds import DEGREE_MAX, TOP_MAX, float_flag, int_flag
 from scaletrain.log import get_logger
 from scaletrain.parallel.sim_layout import sim_inputs
@@ -22,6 +22,7 @@ from scaletrain.sim.catalog import DEFAULT_GPU, Catalog, load_catalog, shipped_k
 from scaletrain.sim.efficiency import efficiency_for
 from scaletrain.sim.fit import calibrate as cal
 from scaletrain.sim.fit.results import bundled_results, bundled_skipped, load_results
+from scaletrain.sim.fit.terms import bundled_terms, score_terms, terms_summary
 from scaletrain.sim.fit.validate import cross_validate, cv_json, default_jobs, score_dict
 from scaletrain.sim.predict import Prediction, predict
 from scaletrain.sim.workload import ClusterLayout, load_config, load_workload
@@ -207,6 +208,10 @@ def cmd_validate(args) -> int:
         by_bench.setdefault(s.row.benchmark, []).append(s)
     summary = {b: {"ttt": cal.summary(v), "perf": cal.summary(v, "perf_error")} for b, v in by_bench.items()}
     summary["all"] = {"ttt": cal.summary(scores), "perf": cal.summary(scores, "perf_error")}
+    terms: dict | None = None
+    if args.terms:
+        scored = score_terms(ready, lambda r: _row_eff(r, cat), bundled_terms())
+        terms = {"rows": scored, "summary": terms_summary(scored)}
     if args.json:
         print(
             json.dumps(
@@ -215,12 +220,15 @@ def cmd_validate(args) -> int:
                     "summary": summary,
                     "skipped": [{"where": w, "reason": why} for w, why in errors],
                     **({"cv": cv_json(cv)} if cv else {}),
+                    **({"terms": terms} if terms is not None else {}),
                 },
                 indent=2,
             )
         )
         return 0 if scores else 1
     print_validation(scores, summary, by_bench, errors, cv)
+    if terms is not None:
+        print_terms(terms["summary"], len(ready) - len(terms["rows"]))
     return 0 if scores else 1
 
 
@@ -501,6 +509,12 @@ def _add_validate(ssub) -> None:
         default=None,
         metavar="N",
         help="--cv loo: refits run at a time in separate processes (default: the CPUs available)",
+    )
+    v.add_argument(
+        "--terms",
+        action="store_true",
+        help="also score each term against the rows' public logs (sim/data/mlperf_terms): the predicted step, "
+        "evaluation and timed warm-up against the measured steady step, steady evaluation and one-off seconds",
     )
     v.set_defaults(func=cmd_validate)
 

@@ -3,6 +3,7 @@ benchmark, the rows skipped and, with --cv, the out-of-sample table (`sim/fit/va
 
 from __future__ import annotations
 
+from scaletrain.sim.fit.terms import ONE_OFF_FLOOR_S
 from scaletrain.sim.fit.validate import CV_TITLE, cv_summary, own_fit_note
 
 
@@ -74,3 +75,22 @@ def print_cv(cv: dict) -> None:
             )
             + f"; in-sample {it['mape_pct']:.2f}% max {it['max_err_pct']:.2f}%"
         )
+
+
+def print_terms(summary: dict, unmatched: int) -> None:
+    """`--terms`: per benchmark and term, the rows scored and the bias, mean and max of predicted / measured - 1."""
+    print(
+        "\nterms against the public logs (sim/data/mlperf_terms, medians over each row's runs): error = predicted / "
+        f"measured - 1, the one-off's relative to max(|measured|, {ONE_OFF_FLOOR_S:g} s); predicted one-off = the "
+        "timed warm-up"
+    )
+    print(f"{'benchmark':16} {'term':10} {'rows':>5} {'bias':>8} {'mean|err|':>10} {'max|err|':>9}")
+    names = {"step_s": "step", "eval_s": "evaluation", "one_off_s": "one-off"}
+    for bench, per_term in summary.items():
+        for term, s in per_term.items():
+            print(
+                f"{bench:16} {names[term]:10} {s['rows']:5d} {s['bias_pct']:+7.1f}% {s['mape_pct']:9.1f}% "
+                f"{s['max_pct']:8.1f}%"
+            )
+    if unmatched:
+        print(f"{unmatched} scored rows have no terms (not a calibration row)")
