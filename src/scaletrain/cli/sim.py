@@ -24,10 +24,13 @@ from scaletrain.sim.fit import calibrate as cal
 from scaletrain.sim.fit.results import bundled_results, bundled_skipped, load_results
 from scaletrain.sim.fit.terms import bundled_terms, score_terms, terms_summary
 from scaletrain.sim.fit.validate import cross_validate, cv_json, default_jobs, score_dict
-from scaletrain.sim.predict import Prediction, predict
+from scaletrain.sim.predict import Prediction, benchmark_of, predict
 from scaletrain.sim.workload import ClusterLayout, load_config, load_workload
 
 log = get_logger(__name__)
+
+SAMPLES_MAX = 10**12
+"""Largest --samples: a million times gpt3's RCP (about 600,000 sequences), far past any run anyone would price."""
 
 GBS_MAX = 2**17
 """Largest --gbs the simulator takes: 8x DeepSeek-V3's 15,360 sequences, the largest published. `plan` event-simulates
@@ -97,6 +100,18 @@ def print_prediction(p: Prediction, out=None) -> None:
         )
 
 
+def _converge(model: str, samples: int | None) -> float | None:
+    """`--samples N` in the benchmark's convergence unit (gpt3 converges in tokens: N sequences of its length);
+    None (the RCP mean) without the flag."""
+    if samples is None:
+        return None
+    name = benchmark_of(model)
+    if name is None:
+        raise ValueError(f"--samples needs an MLPerf benchmark's model (one of {', '.join(benchmarks.names())})")
+    spec = benchmarks.get(name)
+    return float(samples * spec.seq_len if spec.converge_unit == "tokens" else samples)
+
+
 def cmd_predict(args) -> int:
     """Predict step time, throughput, MFU, memory and MLPerf time-to-train for one layout on one cluster."""
     if args.from_config:
@@ -106,7 +121,16 @@ def cmd_predict(args) -> int:
         w, layout = sim_inputs(load_config(args.model, tuple(args.set), config_file), args.gpus)
     else:
         w, layout = load_workload(args.model, tuple(args.set)), _layout(args)
-    p = predict(w, layout, args.gpu, args.node, args.fabric, args.calibration, catalog=load_catalog(args.catalog))
+    p = predict(
+        w,
+        layout,
+        args.gpu,
+        args.node,
+        args.fabric,
+        args.calibration,
+        converge=_converge(w.name, args.samples),
+        catalog=load_catalog(args.catalog),
+    )
     if args.json:
         print(json.dumps(p.to_dict(), indent=2))
     else:
@@ -455,6 +479,15 @@ def _add_predict(sub) -> None:
         help="take the layout from the trainer config: FILE (a run's config.json or a TOML, as `train --config` "
         "reads it; optional) over the --model preset, then --set / --parallel.* / --train.* fields, as `scaletrain "
         "train --dry-run --world-size N` would run it (FSDP/HSDP = ZeRO-3, DDP = ZeRO-0); layout flags are ignored",
+    )
+    p.add_argument(
+        "--samples",
+        type=int_flag(1, SAMPLES_MAX),
+        default=None,
+        metavar="N",
+        help="sequences the run trains before it converges (default: the benchmark's RCP mean at the batch size); "
+        "the run stops at the first evaluation at or after them, so a published run can be predicted with its own "
+        "convergence",
     )
     p.set_defaults(func=cmd_predict)
 
