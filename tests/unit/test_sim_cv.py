@@ -14,7 +14,7 @@ from scaletrain.cli.main import main
 from scaletrain.sim.efficiency import Efficiency
 from scaletrain.sim.fit import calibrate as cal
 from scaletrain.sim.fit.results import load_results
-from scaletrain.sim.fit.validate import cross_validate, default_thresholds
+from scaletrain.sim.fit.validate import cross_validate, default_thresholds, newest_rounds
 
 # The known answer: rows whose times the model gives at the priors, where the fit starts. The objective there is 0
 # (no data error, no pull toward the priors) and positive anywhere else, so a correct fit must return it exactly.
@@ -138,3 +138,34 @@ def test_a_threshold_that_leaves_nothing_to_fit_is_an_error(tmp_path, capsys):
     path.write_text(_write(fields, rows))
     assert main(["sim", "validate", "--results", str(path), "--cv", "scale", "--cv-threshold", "8"]) == 2
     assert "leave 0 rows to fit" in capsys.readouterr().err
+
+
+def test_round_split_never_fits_a_row_of_the_round_it_scores(tmp_path, capsys):
+    fields, rows = _lora_csv()  # 3 rows of v4.0, 4 of v4.1
+    outlier = dict(rows[4])  # a v4.1 row three times slower than published
+    outlier["system"] = "outlier_n8"
+    outlier["run_minutes"] = ";".join(f"{3 * float(m):.3f}" for m in outlier["run_minutes"].split(";"))
+    outlier["score_minutes"] = f"{3 * float(outlier['score_minutes']):.3f}"
+    clean, planted = _prepared(_write(fields, rows)), _prepared(_write(fields, rows + [outlier]))
+    assert newest_rounds(planted) == {"llama2_70b_lora": "v4.1"}
+    a, b = cross_validate(clean, "round"), cross_validate(planted, "round")
+    assert a["fit_rows"] == b["fit_rows"] == {"v4.1": 3}
+    assert {r.round for r, _, _ in b["scores"]} == {"v4.1"} and len(b["scores"]) == 5
+    assert a["sets"] == b["sets"]  # the outlier is only scored
+    assert all(used.startswith("v4.0/") for _, used, _ in b["scores"])  # v4.1's own set is never fitted
+    assert b["scores"][-1][0].system == "outlier_n8" and b["scores"][-1][2].error < -0.6
+    path = tmp_path / "lora.csv"
+    path.write_text(_write(fields, rows))
+    assert main(["sim", "validate", "--results", str(path), "--cv", "round", "--json"]) == 0
+    cv = json.loads(capsys.readouterr().out)["cv"]
+    assert cv["mode"] == "round" and cv["rounds"] == {"llama2_70b_lora": "v4.1"} and cv["fit_rows"] == {"v4.1": 3}
+    assert main(["sim", "validate", "--results", str(path), "--cv", "round"]) == 0
+    assert "llama2_70b_lora v4.1 from 3 rows" in capsys.readouterr().out
+
+
+def test_a_round_split_needs_two_rounds(tmp_path, capsys):
+    fields, rows = _lora_csv()
+    path = tmp_path / "lora.csv"
+    path.write_text(_write(fields, [r for r in rows if r["round"] == "4.1"]))
+    assert main(["sim", "validate", "--results", str(path), "--cv", "round"]) == 2
+    assert "no benchmark has rows from two rounds" in capsys.readouterr().err

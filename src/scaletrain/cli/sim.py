@@ -524,10 +524,11 @@ def _add_validate(ssub) -> None:
     v.add_argument("--json", action="store_true", help="print the result as JSON instead of text")
     v.add_argument(
         "--cv",
-        choices=("loo", "scale"),
+        choices=("loo", "scale", "round"),
         help="also score out of sample, refitting with `sim calibrate`'s procedure on the rows given: loo = each "
         "row predicted by a fit on all the others; scale = rows at or above --cv-threshold GPUs predicted by a fit "
-        "on the rows below (the in-sample error of the same rows, refitted on all of them, is shown alongside)",
+        "on the rows below; round = each benchmark's newest round predicted by a fit on the earlier ones (the "
+        "in-sample error of the same rows, refitted on all of them, is shown alongside)",
     )
     v.add_argument(
         "--cv-threshold",

@@ -46,13 +46,19 @@ def print_validation(scores: list, summary: dict, by_bench: dict, errors: list, 
 def print_cv(cv: dict) -> None:
     """The cross-validation table and per-benchmark summary lines."""
     title = CV_TITLE[cv["mode"]]
-    how = (
-        "each row predicted by sets refitted on the other rows"
-        if cv["mode"] == "loo"
-        else "rows at or above "
-        + ", ".join(f"{b} {n} GPUs" for b, n in cv["thresholds"].items())
-        + f" predicted by sets fitted on the {cv['fit_rows']} rows below"
-    )
+    if cv["mode"] == "loo":
+        how = "each row predicted by sets refitted on the other rows"
+    elif cv["mode"] == "round":
+        how = (
+            "each benchmark's newest round predicted by sets fitted on every row of the rounds before it: "
+            + ", ".join(f"{b} {r} from {cv['fit_rows'][r]} rows" for b, r in cv["rounds"].items())
+        )
+    else:
+        how = (
+            "rows at or above "
+            + ", ".join(f"{b} {n} GPUs" for b, n in cv["thresholds"].items())
+            + f" predicted by sets fitted on the {cv['fit_rows']} rows below"
+        )
     print(f"\n{title} ({how}):")
     print(
         f"{'benchmark':16} {'round':5} {'gpu':5} {'GPUs':>6} {'set used':15} {'pred min':>9} {'published':>9} "

@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from scaletrain.sim.efficiency import Efficiency, nearest_set
 from scaletrain.sim.fit import calibrate as cal
 
-MODES = ("loo", "scale")
+MODES = ("loo", "scale", "round")
 
 
 def own_fit_note(bench: str, rows: int) -> str:
@@ -51,6 +51,19 @@ def default_thresholds(rows: list[cal._Row]) -> dict[str, int]:
     return out
 
 
+def _round_key(name: str) -> tuple[int, ...]:
+    """ "v4.1" -> (4, 1): rounds in time order."""
+    return tuple(int(x) for x in name.lstrip("v").split(".") if x.isdigit())
+
+
+def newest_rounds(rows: list[cal._Row]) -> dict[str, str]:
+    """Per benchmark with rows from two or more rounds, its newest round (the rows `--cv round` scores)."""
+    rounds: dict[str, set[str]] = {}
+    for r in rows:
+        rounds.setdefault(r.bench, set()).add(r.row.round)
+    return {b: max(s, key=_round_key) for b, s in rounds.items() if len(s) > 1}
+
+
 def _score(r: cal._Row, effs: dict[str, Efficiency]) -> tuple[str, cal.RowScore]:
     used, eff = nearest_set(effs, r.set)
     eff = cal.row_eff(effs, r, eff)  # the SKU multiplier and benchmark scalars the fit left (1 / priors if none)
@@ -66,8 +79,9 @@ def _loo_one(args: tuple[list[cal._Row], int]) -> tuple[str, cal.RowScore]:
 def cross_validate(rows: list[cal._Row], mode: str, threshold: int | None = None, jobs: int = 1) -> dict:
     """Out-of-sample scores of prepared calibration rows.
 
-    Returns {"mode", "thresholds" (scale: per benchmark), "fit_rows" (rows each fit saw: LOO n-1, scale the
-    count below the thresholds), "sets" (scale: the fitted sets), "scores" [(row, set used, RowScore)],
+    Returns {"mode", "thresholds" (scale: per benchmark), "rounds" (round: each benchmark's newest, the rows
+    scored), "fit_rows" (rows each fit saw: LOO n-1, scale the count below the thresholds, round a count per held-out
+    round), "sets" (scale: the fitted sets; round: per held-out round), "scores" [(row, set used, RowScore)],
     "in_sample" [RowScore of the same rows with sets fitted on every row]}. `jobs` > 1 runs LOO refits in
     that many processes (the fits are independent; results do not depend on it).
     """
@@ -86,7 +100,7 @@ def cross_validate(rows: list[cal._Row], mode: str, threshold: int | None = None
         else:
             results = [_loo_one(t) for t in tasks]
         out["fit_rows"] = len(rows) - 1
-    else:
+    elif mode == "scale":
         limits = default_thresholds(rows) if threshold is None else {r.bench: threshold for r in rows}
         out["thresholds"] = limits
         train = [r for r in rows if r.row.gpus < limits[r.bench]]
@@ -100,6 +114,25 @@ def cross_validate(rows: list[cal._Row], mode: str, threshold: int | None = None
         out["sets"] = {k: e.to_dict() for k, e in sorted(effs.items())}
         results = [_score(rows[i], effs) for i in scored]
         out["fit_rows"] = len(train)
+    else:
+        # Each benchmark's newest round R predicted by a fit on every row of the rounds before R (any benchmark):
+        # nothing published in R is seen, and R's own release set is not fitted, so its rows take the nearest
+        # fitted set, as a prediction for a new release would.
+        newest = newest_rounds(rows)
+        if not newest:
+            raise ValueError("--cv round: no benchmark has rows from two rounds")
+        out["rounds"] = newest
+        out["fit_rows"] = {}
+        scored, results = [], []
+        for held in sorted(set(newest.values()), key=_round_key):
+            train = [r for r in rows if _round_key(r.row.round) < _round_key(held)]
+            effs = cal.fit(train)
+            out["sets"][held] = {k: e.to_dict() for k, e in sorted(effs.items())}
+            out["fit_rows"][held] = len(train)
+            for i, r in enumerate(rows):
+                if newest.get(r.bench) == held and r.row.round == held:
+                    scored.append(i)
+                    results.append(_score(r, effs))
     out["scores"] = [(rows[i].row, used, s) for i, (used, s) in zip(scored, results)]
     out["in_sample"] = [_score(rows[i], full)[1] for i in scored]
     return out
@@ -134,7 +167,7 @@ def score_dict(s: cal.RowScore) -> dict:
     }
 
 
-CV_TITLE = {"loo": "leave-one-out", "scale": "scale split"}
+CV_TITLE = {"loo": "leave-one-out", "scale": "scale split", "round": "round split"}
 """How each --cv mode is named in the tables."""
 
 
@@ -167,6 +200,7 @@ def cv_json(cv: dict) -> dict:
     return {
         "mode": cv["mode"],
         "thresholds": cv["thresholds"],
+        **({"rounds": cv["rounds"]} if "rounds" in cv else {}),
         "fit_rows": cv["fit_rows"],
         "sets": cv["sets"],
         "rows": rows,
