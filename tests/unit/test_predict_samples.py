@@ -24,7 +24,8 @@ def test_samples_set_the_steps_and_evaluations(capsys):
     # 3,072 samples' evaluations, so the run stops at the evaluation after step 117: step 120, the 10th timed one.
     assert (own["steps"], own["evals"]) == (120, 10)
     assert own["steps"] != default["steps"] and own["step_time_s"] == default["step_time_s"]
-    minutes = (own["warmup_s"] + own["steps"] * own["step_time_s"] + own["evals"] * own["eval_time_s"]) / 60
+    evals_s = (own["evals"] - 1) * own["eval_time_s"] + own["eval_first_s"]
+    minutes = (own["warmup_s"] + own["steps"] * own["step_time_s"] + evals_s) / 60
     assert own["time_to_train_min"] == pytest.approx(minutes, rel=1e-12)
     assert set(own) == set(default)  # the same keys: --json is an interface
 

@@ -175,7 +175,7 @@ def test_validate_scores_the_rest_and_names_bad_rows(tmp_path, capsys):
 
 def test_calibration_rows_meet_the_accuracy_target(capsys):
     code, out = run_json(capsys, ["sim", "validate", "--json"])
-    assert code == 0 and len(out["rows"]) == len(bundled_results()) == 133
+    assert code == 0 and len(out["rows"]) == len(bundled_results()) == 145
     # In sample (gpt3 1.30% / 3.02%, LoRA 3.49% / 22.61% with per-SKU, per-benchmark and FP4 efficiencies; llama31
     # 405B 11.94% / 17.17% on its 4 rows, 8B 10.23% / 30.82% on 24): the bounds are today's figures with a little
     # room, so a regression fails.
@@ -264,7 +264,9 @@ def test_calibrate_from_measured_runs_moves_predictions(tmp_path, capsys, monkey
         ],
     )
     assert pred["calibration"] == "measured/hopper"
-    assert pred["step_time_s"] == pytest.approx(0.50, rel=0.02)  # the fit reproduces the measurement
+    # The fit reproduces the measurement as far as physics lets it: no set prices a GEMM above 90% of the datasheet
+    # peak (rate_bounds), and this synthetic run is at the edge of that.
+    assert pred["step_time_s"] == pytest.approx(0.50, rel=0.03)
 
 
 def test_calibrate_run_dir_errors(tmp_path, capsys):

@@ -146,7 +146,8 @@ def test_predict_8b_uses_the_fractional_rcp_mean_of_its_10_run_score():
 
 def test_calibration_rows_load_with_their_layouts():
     r405 = {(r.gpu, r.gpus): r for r in bundled_results("llama31_405b")}
-    assert set(r405) == {("gb200", 256), ("h100", 512), ("gb300", 512), ("b200", 256)}
+    assert {("gb200", 256), ("h100", 512), ("gb300", 512), ("b200", 256), ("h100", 8192), ("h200", 1024)} <= set(r405)
+    assert len(bundled_results("llama31_405b")) == 16 and max(r.gpus for r in r405.values()) == 8192
     h100 = r405[("h100", 512)]
     assert (h100.tp, h100.pp, h100.vp, h100.cp, h100.mbs, h100.gbs, h100.fp8, h100.round) == (
         8, 8, 8, 2, 1, 1152, True, "v5.0",
@@ -172,11 +173,11 @@ def test_own_fit_moves_only_the_benchmarks_scalars():
         {k: v for k, v in doc["benchmarks"].items() if k in cal.SHARED_FIT},
     )
     ready, bad = cal.prepare(bundled_results("llama31_405b"))
-    assert not bad and len(ready) == 4
+    assert not bad and len(ready) == 16
     effs = cal.fit_own(ready, shipped)
     assert dict(effs) == dict(shipped) and effs.sku_gemm == shipped.sku_gemm
     assert {k: effs.bench[k] for k in cal.SHARED_FIT} == {k: shipped.bench[k] for k in cal.SHARED_FIT}
-    # 4 rows pin one scalar (gemm_mult), the one the shipped file holds; 24 rows both of OWN_FIT.
+    # Its own scalar (gemm_mult) is the one the shipped file holds; llama31_8b's rows fit the same.
     assert set(effs.bench["llama31_405b"]) == {"gemm_mult"}
     assert effs.bench["llama31_405b"]["gemm_mult"] == pytest.approx(doc["benchmarks"]["llama31_405b"]["gemm_mult"])
     assert set(doc["benchmarks"]["llama31_8b"]) == set(OWN_FIT)

@@ -436,7 +436,8 @@ def test_predict_json_keys_and_mfu_relation():
     assert 0 < pred.memory_gib_per_gpu < 80e9 / 2**30
     assert pred.steps > 0 and pred.evals > 0
     assert pred.time_to_train_min == pytest.approx(
-        (pred.warmup_s + pred.steps * pred.step_time_s + pred.evals * pred.eval_time_s) / 60, rel=1e-12
+        (pred.warmup_s + pred.steps * pred.step_time_s + (pred.evals - 1) * pred.eval_time_s + pred.eval_first_s) / 60,
+        rel=1e-12,
     )
     assert set(d["phases_min"]) == {"warmup", "steps", "evaluations"}
     assert sum(d["phases_min"].values()) == pytest.approx(d["time_to_train_min"], rel=1e-12)

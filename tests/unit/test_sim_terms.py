@@ -86,6 +86,7 @@ def test_scores_are_predicted_over_measured_per_term(tmp_path):
     row = SimpleNamespace(
         row=SimpleNamespace(benchmark="gpt3", round="v4.1", system="sys_a", gpus=512),
         timing=lambda eff, event: (11.0, 3.0, 8.0),
+        one_off_s=lambda eff: 8.0,
     )
     other = SimpleNamespace(row=SimpleNamespace(benchmark="gpt3", round="v4.1", system="sys_z", gpus=8))
     scored = score_terms([row, other], lambda r: None, load_terms([path]))

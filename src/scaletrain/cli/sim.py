@@ -211,10 +211,13 @@ def _where(r) -> str:
 
 
 def _row_eff(r, cat: Catalog):
+    # A row whose logs name their software is priced with that release's evaluation and one-off seconds.
+    software = r.terms.software if r.terms else None
     try:
-        return efficiency_for(r.row.round, r.row.gpu, r.bench, cat)[1]
+        return efficiency_for(r.row.round, r.row.gpu, r.bench, cat, software)[1]
     except ValueError:
-        return efficiency_for(None, r.row.gpu, r.bench, cat)[1]  # a round newer than the calibration: its newest set
+        # A round newer than the calibration: its newest set.
+        return efficiency_for(None, r.row.gpu, r.bench, cat, software)[1]
 
 
 def cmd_validate(args) -> int:

@@ -90,6 +90,25 @@ def _interp_curve(curve, gflop: float) -> float:
     return pts[-1][1]
 
 
+ATTN_HALF_RATE_KEYS = 1200.0
+"""Key length at which a flash-attention kernel reaches half its long-sequence rate: rate(L) = R x L / (L + L0). Fitted
+to FlashAttention-3's published H100 causal forward rates at head dim 128 (Shah et al. 2024, "FlashAttention-3",
+Fig. 5: about 200, 300, 430, 540, 610 and 640 TFLOP/s at 512, 1k, 2k, 4k, 8k and 16k keys; L0 = 1,200 gives 206, 317,
+434, 535, 600 and 642): short blocks leave the tensor cores waiting on the softmax and the tile prologue/epilogue."""
+ATTN_CEILING_KEYS = 8192
+"""Key length the catalog's `attn_tflops` stands for: the sequence of every Llama benchmark, so their unsplit
+attention is priced at the catalog rate and shorter blocks (GPT-3's 2,048, a context-parallel block) below it."""
+
+
+def attention_rate(gpu: GPU, keys: float) -> float:
+    """TFLOP/s of a flash-attention kernel over blocks of `keys` keys per query (`ATTN_HALF_RATE_KEYS`), the catalog's
+    attn_tflops at ATTN_CEILING_KEYS."""
+    def shape(n: float) -> float:
+        return n / (n + ATTN_HALF_RATE_KEYS)
+
+    return gpu.attn_tflops * shape(max(keys, 1.0)) / shape(ATTN_CEILING_KEYS)
+
+
 def moe_share(w: Workload) -> float:
     """Fraction of the layers that are Mixture-of-Experts (the per-layer times are the mean over the layers)."""
     if not w.shape.experts:
@@ -146,9 +165,11 @@ def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float, f
     # the scores, about 2.5x the forward.
     # (Per token: the inventory's QK^T + AV FLOPs over the keys it attends to, sliding windows and MLA widths included.)
     att = w.inventory.attention
-    attn_flops = (b * s / cp) * att.forward_flops(w.inventory.attention_tokens(s)) / t * 0.5
-    # Context parallelism runs attention as cp partial blocks (one per K/V chunk) plus a merge: more, smaller kernels.
-    attn_f = attn_flops / (gpu.attn_tflops * TB * gemm_eff) + 2 * cp * gpu.kernel_us * 1e-6
+    keys = w.inventory.attention_tokens(s)
+    attn_flops = (b * s / cp) * att.forward_flops(keys) / t * 0.5
+    # Context parallelism runs attention as cp partial blocks (one per K/V chunk of keys/cp keys) plus a merge: more,
+    # smaller kernels, each at the rate of its block length.
+    attn_f = attn_flops / (attention_rate(gpu, keys / cp) * TB * gemm_eff) + 2 * cp * gpu.kernel_us * 1e-6
     attn_b = 2.5 * attn_f
     # Elementwise traffic shrinks by t only under sequence parallelism (otherwise every TP rank holds the
     # whole sequence in the LayerNorm/residual regions).

@@ -33,8 +33,10 @@ class Efficiency:
     """Compute slowdown while DP communication runs underneath it, as a fraction of the hidden comm time."""
     step_overhead_s: float = 0.05
     """Constant host cost per step (optimizer launch, Python and data loading not hidden by CUDA graphs)."""
-    eval_eff: float = 0.8
-    """Evaluation forward throughput relative to the training forward."""
+    eval_eff: float = 1.0
+    """Evaluation forward throughput relative to the training forward: 1 in every published-result set (an evaluation
+    runs the training forward's kernels; what else it costs is `eval_fixed_s`), fitted only by `sim calibrate
+    RUN_DIR...` on measured runs."""
     sync_log2_s: float = 0.002
     """Per-step synchronisation latency per doubling of the ranks (tree-like collectives and barriers), seconds."""
     straggler_cv: float = 0.01
@@ -44,7 +46,24 @@ class Efficiency:
     comm_init_s: float = 0.3
     """Communicator creation, seconds per process group and per doubling of its members (timed warm-up)."""
     eval_fixed_s: float = 0.5
-    """Fixed seconds per evaluation besides its forward passes (mode switch, data loader, metric reduction)."""
+    """Fixed seconds per evaluation besides its forward passes (mode switch, data loader, metric reduction); the
+    published sets carry the value fitted on the evaluation times of the benchmark's software release
+    (`run_terms`)."""
+    eval_first_extra_s: float = 0.0
+    """Seconds the first evaluation takes beyond the others (its data loader and graphs are built then), per software
+    release (`run_terms`)."""
+    eval_host_layer_s: float = 0.0
+    """Host seconds per layer of an evaluation forward, per software release (`run_terms`): evaluation runs without
+    the training step's CUDA graphs, so each layer's kernels are launched from Python, and a micro-batch forward
+    takes at least layers x this even where its GPU work is shorter (small per-GPU shards: TP4 CP2 at one sequence
+    per replica)."""
+    pause_s: float = 0.0
+    """Seconds of the pause a benchmark's recipe takes every `PAUSE_EVERY_STEPS` steps (NeMo's garbage collection),
+    per software release (`run_terms`)."""
+    one_off_s: float = 0.0
+    """Seconds inside the timed region that are neither steps nor evaluations (start-up, the first validation's
+    set-up, a garbage-collection pause), per software release, fitted on the one-offs of its public logs
+    (`run_terms`)."""
     a2a_exposed: float = 1.0
     """Fraction of the MoE dispatch/combine all-to-all not hidden under computation (1 = none hidden, Megatron
     without its all-to-all overlap; DeepSeek-V3's DualPipe hides most). No calibration row has experts, so it is not
@@ -127,13 +146,11 @@ def _efficiency_file_problem(doc) -> str | None:
     return None
 
 
-PER_BENCHMARK = ("tp_exposed", "eval_eff", "sync_log2_s")
+PER_BENCHMARK = ("tp_exposed",)
 """Scalars fitted per benchmark, not shared: they depend on the benchmark's implementation, not the hardware.
 TP exposure depends on which GEMMs the TP collectives can hide under (LoRA's backward has no weight-gradient GEMMs
 of the frozen base weights, so its TP collectives have half the GEMM time to hide under) and on the
-implementation's overlap settings; evaluation efficiency on the evaluation's own code path (LoRA evaluates on long
-sequences with a different batch and loss reduction than GPT-3's perplexity evaluation); the synchronisation
-per doubling of the NVLink domains on the host work around each step's collectives. A model that is no MLPerf
+implementation's overlap settings. A model that is no MLPerf
 benchmark gets the set's values, which are the pretraining benchmark's (gpt3)."""
 
 DEFAULT_GEMM_EFF = Efficiency().gemm_eff
@@ -149,14 +166,13 @@ def releases() -> list[str]:
     return sorted({k.split("/")[0] for k in sets}, key=_release_key)
 
 
-OWN_FIT = ("gemm_mult", "eval_eff")
+OWN_FIT = ("gemm_mult",)
 """Scalars a benchmark outside `calibrate.SHARED_FIT` (llama31_405b, llama31_8b) fits on its own rows, on top of
 the sets the others fitted, most telling first (`calibrate.fit_own` fits as many as its rows can pin): `gemm_mult`,
-a multiplier on the set's gemm_eff (its kernels and fusions at its shapes), and its evaluation efficiency. Only
-scalars that do not grow with the scale: the scale terms (DP overlap, synchronisation, stragglers, warm-up) stay
-with the SHARED_FIT rows, which span 4 to 10,752 GPUs. Fitted on 8-16-GPU llama31_8b rows, its own DP overlap and
-synchronisation predicted its 32-64-GPU rows 59% too slow on average (95% at worst), these two 18% (31%); TP
-exposure stays the pretraining benchmark's (gpt3's, the same Megatron overlap), which no 8B row (all TP1) sees."""
+a multiplier on the set's gemm_eff (its kernels and fusions at its shapes). Only a scalar that does not grow with
+the scale: the scale terms (DP overlap, synchronisation, stragglers) stay with the SHARED_FIT rows, which span 4 to
+10,752 GPUs; TP exposure stays the pretraining benchmark's (gpt3's, the same Megatron overlap). Evaluation and
+one-off seconds are fitted per software release for every benchmark alike (`RUN_TERMS`)."""
 
 
 def specialise(eff: Efficiency, gpu: str, benchmark: str | None, sku_gemm: dict, bench: dict) -> Efficiency:
@@ -173,7 +189,11 @@ def specialise(eff: Efficiency, gpu: str, benchmark: str | None, sku_gemm: dict,
 
 
 def efficiency_for(
-    release: str | None, gpu: str, benchmark: str | None = None, catalog: Catalog | None = None
+    release: str | None,
+    gpu: str,
+    benchmark: str | None = None,
+    catalog: Catalog | None = None,
+    software: str | None = None,
 ) -> tuple[str, Efficiency]:
     """(set name, Efficiency) for a release ("v3.0" ... "v5.1"; None/"latest" = newest) on catalog GPU `gpu`,
     running `benchmark` (an MLPerf benchmark name; None for another model). The GPU's generation comes from
@@ -181,7 +201,9 @@ def efficiency_for(
 
     The set found below is then specialised (`specialise`): its gemm_eff times the GPU SKU's fitted multiplier
     ("sku_gemm"; 1 for a generation's reference SKU and SKUs without calibration rows), and the benchmark's own
-    fitted PER_BENCHMARK scalars ("benchmarks").
+    fitted PER_BENCHMARK scalars ("benchmarks"), its evaluation and one-off seconds of the release's software
+    (`with_run_terms`; `software` names another fitted label than the release's own), and gemm_eff capped where an effective rate would pass 90% of the GPU's datasheet peak
+    (`rate_bounds.cap_gemm_eff`).
 
     The lookup, most specific first:
     1. the set fitted on the GPU's generation in that release ("v4.1/hopper");
@@ -192,10 +214,82 @@ def efficiency_for(
        across generations (DP overlap and slowdown, FP4 efficiency, the fixed costs, and the PER_BENCHMARK ones:
        taken from the release's Hopper set, else its first), with gemm_eff = DEFAULT_GEMM_EFF.
     """
-    gen = (catalog or default_catalog()).gpu(gpu).generation
+    g = (catalog or default_catalog()).gpu(gpu)
     doc = load_efficiencies()
-    name, eff = _set_for(doc["sets"], release, gpu, gen)
-    return name, specialise(eff, gpu, benchmark, doc.get("sku_gemm", {}), doc.get("benchmarks", {}))
+    name, eff = _set_for(doc["sets"], release, gpu, g.generation)
+    eff = specialise(eff, gpu, benchmark, doc.get("sku_gemm", {}), doc.get("benchmarks", {}))
+    asked = name.split(" ")[0].split("/")[0] if release in (None, "", "latest") else _normal_release(release)
+    eff = with_run_terms(eff, doc.get("run_terms", {}), benchmark, asked, g.generation, software)[1]
+    return name, cap_gemm_eff(eff, g)
+
+
+def _normal_release(release: str) -> str:
+    return "v" + release if release[:1].isdigit() else release
+
+
+RUN_TERMS = ("eval_fixed_s", "eval_first_extra_s", "eval_host_layer_s", "one_off_s", "pause_s")
+"""The Efficiency fields a benchmark's software release sets (`sim calibrate` fits them on the public logs' evaluation
+and one-off seconds: `calibrate.fit_run_terms`)."""
+
+
+PAUSE_EVERY_STEPS = {"llama31_8b": 10_000}
+"""Steps between the pauses a benchmark's recipe takes: NVIDIA's llama31_8b config sets GC_TRAIN=10000 for NeMo's
+GarbageCollectionCallback (mlcommons/training_results_v5.1: NVIDIA/benchmarks/llama31_8b/implementations/nemo/
+config_common_8b.sh), and every v5.1 run that passes step 10,000 loses about 40 s in the segment holding it, no run
+before it (sim/data/mlperf_terms/README.md)."""
+
+
+def pauses(benchmark: str | None, steps: float) -> int:
+    """Pauses a run of `steps` steps of `benchmark` takes (`PAUSE_EVERY_STEPS`)."""
+    every = PAUSE_EVERY_STEPS.get(benchmark or "", 0)
+    return int(steps // every) if every and steps > 0 else 0
+
+
+def software_for(run_terms: dict, benchmark: str | None, release: str, generation: str) -> str | None:
+    """The software release a benchmark's run is priced with on `release`/`generation`: the label most of that
+    round's calibration rows on that generation ran ("NeMo 24.09" for v4.1 Hopper), else most of the round's rows,
+    else the nearest round's (older first); None where the benchmark has no fitted run terms."""
+    terms = run_terms.get(benchmark or "")
+    if not terms:
+        return None
+    default = terms.get("default", {})
+    for key in (f"{release}/{generation}", release):
+        if key in default:
+            return default[key]
+    rounds = sorted({k.split("/")[0] for k in default}, key=_release_key)
+    older = [r for r in rounds if _release_key(r) <= _release_key(release)]
+    near = older[-1] if older else (rounds[0] if rounds else None)
+    if near is None:
+        return None
+    return default.get(f"{near}/{generation}", default.get(near))
+
+
+def with_run_terms(
+    eff: Efficiency,
+    run_terms: dict,
+    benchmark: str | None,
+    release: str,
+    generation: str,
+    software: str | None = None,
+) -> tuple[str | None, Efficiency]:
+    """(software label, `eff` with that software's RUN_TERMS) for a benchmark run on `release`/`generation`: the
+    `software` label where the benchmark has it fitted, else the release's own (`software_for`); `eff` unchanged
+    where there is none."""
+    fitted = run_terms.get(benchmark or "", {}).get("software", {})
+    label = software if software in fitted else software_for(run_terms, benchmark, release, generation)
+    values = fitted.get(label or "")
+    if not values:
+        return None, eff
+    return label, replace(eff, **{k: float(values[k]) for k in RUN_TERMS if k in values})
+
+
+def cap_gemm_eff(eff: Efficiency, gpu) -> Efficiency:
+    """`eff` with gemm_eff lowered where an effective GEMM or attention rate on `gpu` would pass
+    `rate_bounds.PEAK_FRACTION` of its datasheet dense peak (no fitted set prices a GPU faster than physics)."""
+    from scaletrain.sim.rate_bounds import max_gemm_eff
+
+    cap = max_gemm_eff(gpu, eff.fp4_eff)
+    return replace(eff, gemm_eff=cap) if eff.gemm_eff > cap else eff
 
 
 def _set_for(sets: dict, release: str | None, gpu: str, gen: str) -> tuple[str, Efficiency]:

@@ -67,9 +67,11 @@ def comm_init_units(layout: ClusterLayout) -> float:
 
 
 def warmup_s(layout: ClusterLayout, step_s: float, eff: Efficiency) -> float:
-    """Seconds of timed warm-up beyond the steady steps: extra step-times of the first steps plus communicator
-    creation."""
-    return eff.warmup_steps * step_s + eff.comm_init_s * comm_init_units(layout)
+    """Seconds of the timed region beyond the steady steps and the evaluations: the software release's one-off
+    seconds (`Efficiency.one_off_s`, fitted on the public logs), plus extra step-times of the first steps and
+    communicator creation where a set prices them (the published sets do not: their logs' first training segments
+    run at the steady rate, so what start-up costs is in the one-off)."""
+    return eff.one_off_s + eff.warmup_steps * step_s + eff.comm_init_s * comm_init_units(layout)
 
 
 def step_sync_s(gpus: int, domains: int, busy_s: float, eff: Efficiency) -> tuple[float, float]:

@@ -10,7 +10,7 @@ from scaletrain import benchmarks
 from scaletrain.sim import memory, mlperf
 from scaletrain.sim.catalog import Catalog, load_catalog
 from scaletrain.sim.comm import Cluster
-from scaletrain.sim.efficiency import Efficiency, efficiency_for
+from scaletrain.sim.efficiency import Efficiency, efficiency_for, pauses
 from scaletrain.sim.fixed_costs import domains, eval_fixed_s, warmup_s
 from scaletrain.sim.step import StepResult, step_time
 from scaletrain.sim.workload import ClusterLayout, Workload
@@ -57,6 +57,11 @@ class Prediction:
     """Timed warm-up beyond the steady steps: slower first steps and communicator creation (`fixed_costs`)."""
     phases_min: dict = field(default_factory=dict)
     """Time-to-train in minutes by phase: warmup, steps, evaluations (sums to time_to_train_min)."""
+    one_off_s: float | None = None
+    """The software release's one-off seconds inside the timed region (start-up, first validation set-up, the
+    recipe's pauses), fitted on the public logs; part of warmup_s."""
+    eval_first_s: float | None = None
+    """Seconds of the first evaluation (eval_time_s plus the release's first-evaluation extra)."""
 
     def to_dict(self) -> dict:
         """JSON-ready dict."""
@@ -99,7 +104,15 @@ def eval_time(
     """Seconds for one evaluation: forward only over the eval set, split across DP replicas, pipelined, plus the
     fixed cost of an evaluation (`fixed_costs.eval_fixed_s`) over the NVLink domains the layout spans."""
     fixed = eval_fixed_s(domains(layout.gpus, nvlink_domain), eff)
-    return eval_passes(w, layout, eval_tokens) * fwd_rank_s / eff.eval_eff + fixed
+    return eval_passes(w, layout, eval_tokens) * eval_forward_s(w, layout, fwd_rank_s, eff) + fixed
+
+
+def eval_forward_s(w: Workload, layout: ClusterLayout, fwd_rank_s: float, eff: Efficiency) -> float:
+    """Seconds of one evaluation micro-batch forward on the busiest rank: its GPU time at the evaluation efficiency,
+    or the host time launching its layers' kernels without CUDA graphs (`Efficiency.eval_host_layer_s`), whichever
+    is longer."""
+    layers = -(-w.shape.layers // layout.pp)
+    return max(fwd_rank_s / eff.eval_eff, layers * eff.eval_host_layer_s)
 
 
 def eval_passes(w: Workload, layout: ClusterLayout, eval_tokens: int) -> float:
@@ -195,6 +208,8 @@ def predict(
         ttt_breakdown=run.get("ttt_breakdown", {}),
         warmup_s=run.get("warmup_s"),
         phases_min=run.get("phases_min", {}),
+        one_off_s=run.get("one_off_s"),
+        eval_first_s=run.get("eval_first_s"),
     )
 
 
@@ -213,20 +228,24 @@ def _time_to_train(
     conv = expected_convergence(bench, layout.gbs, converge)
     steps, evals = conv.steps, conv.evals
     ev_s = eval_time(w, layout, st.forward_rank_s, conv.eval_tokens, eff, nvlink_domain)
+    # The first evaluation builds its data loader and graphs: the release's extra seconds, once.
+    evals_s = evals * ev_s + (eff.eval_first_extra_s if evals > 0 else 0.0)
     train_s = steps * st.step_time_s
-    warm = warmup_s(layout, st.step_time_s, eff)
+    warm = warmup_s(layout, st.step_time_s, eff) + eff.pause_s * pauses(bench, steps)
     parts = {k: steps * v / 60 for k, v in st.breakdown.items()}
-    parts["evaluation"] = evals * ev_s / 60
+    parts["evaluation"] = evals_s / 60
     parts["warmup"] = warm / 60
     return {
         "steps": steps,
         "evals": evals,
         "eval_time_s": ev_s,
+        "eval_first_s": ev_s + eff.eval_first_extra_s,
         "train_time_s": train_s,
-        "time_to_train_min": (warm + train_s + evals * ev_s) / 60,
+        "time_to_train_min": (warm + train_s + evals_s) / 60,
         "ttt_breakdown": parts,
         "warmup_s": warm,
-        "phases_min": {"warmup": warm / 60, "steps": train_s / 60, "evaluations": evals * ev_s / 60},
+        "one_off_s": eff.one_off_s + eff.pause_s * pauses(bench, steps),
+        "phases_min": {"warmup": warm / 60, "steps": train_s / 60, "evaluations": evals_s / 60},
     }
 
 

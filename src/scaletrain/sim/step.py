@@ -67,13 +67,16 @@ def _tp_comm(w: Workload, layout: ClusterLayout, cl: Cluster) -> float:
     return 2 * cl.collective("all_reduce", t, size)
 
 
-def _cp_comm(w: Workload, layout: ClusterLayout, cl: Cluster) -> float:
-    """CP seconds per layer per micro-batch forward: all-gather of this rank's K and V shards."""
+def _cp_hop(w: Workload, layout: ClusterLayout, cl: Cluster) -> float:
+    """Seconds of one ring step of context parallelism: this rank's K and V chunk (seq/cp tokens, its TP share of the
+    K/V heads) sent to the next CP rank (Transformer Engine's p2p ring), over NVLink when the CP group (stride tp)
+    stays in one NVLink domain."""
     c = layout.cp
     if c == 1:
         return 0.0
-    kv = 2 * layout.mbs * w.seq_len * w.shape.kv_heads * w.shape.head_dim // layout.tp * BF16
-    return cl.collective("all_gather", c, kv, stride=layout.tp)
+    kv_heads = max(1, w.shape.kv_heads // layout.tp)
+    kv = 2 * layout.mbs * (w.seq_len // c) * kv_heads * w.shape.head_dim * BF16
+    return cl.p2p(kv, same_domain=layout.tp * c <= cl.node.nvlink_domain)
 
 
 def _a2a_comm(w: Workload, layout: ClusterLayout, cl: Cluster) -> float:
@@ -97,8 +100,11 @@ def stage_costs(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency
     blocks = chunk_layers(w.shape.layers, p, v) or [[w.shape.layers // (p * v)] * v for _ in range(p)]
     lt = compute.layer_times(w, layout, cl.gpu, eff.gemm_eff, eff.fp4_eff)
     tp = _tp_comm(w, layout, cl) * eff.tp_exposed
-    cp_f = max(0.0, _cp_comm(w, layout, cl) - lt.attn_fwd)
-    cp_b = max(0.0, 2 * _cp_comm(w, layout, cl) - 2.5 * lt.attn_fwd)
+    # The ring's cp - 1 exchanges each run under one block of attention (attn_fwd / cp); what a hop takes beyond its
+    # block is exposed. Backward sends K/V again and their gradients back: twice the bytes under 2.5x the block.
+    hop, block = _cp_hop(w, layout, cl), lt.attn_fwd / layout.cp
+    cp_f = (layout.cp - 1) * max(0.0, hop - block)
+    cp_b = (layout.cp - 1) * max(0.0, 2 * hop - 2.5 * block)
     recompute_tp = tp if layout.recompute == "full" else 0.0
     a2a = _a2a_comm(w, layout, cl) * eff.a2a_exposed
     recompute_a2a = a2a if layout.recompute == "full" else 0.0

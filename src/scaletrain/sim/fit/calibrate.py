@@ -1,14 +1,22 @@
-"""Fit the free scalars (`Efficiency`) on published results, and score predictions against them.
+"""Fit the free scalars (`Efficiency`) on published results, term by term, and score predictions against them.
 
-One GEMM efficiency per (software release, GPU generation), a GEMM-efficiency multiplier per non-reference GPU SKU
-(each generation's `reference_gpu` in `sim/hardware/generations.toml`), three scalars per benchmark (`efficiency.PER_BENCHMARK`: TP exposure, evaluation
-efficiency, per-step synchronisation) and eight shared by all are fitted by coordinate descent on the squared log
-error of each row's run times, with the row's own published tokens/samples to converge, so the fit sees the
-performance model only. The shared ones: DP overlap, overlap slowdown, FP4 efficiency, and the other fixed costs
-of `fixed_costs` (constant host overhead, straggler term, timed warm-up, communicator creation, per-evaluation
-cost). A weak pull toward the priors keeps
-scalars the data cannot see (e.g. DP overlap when no row is DP-bound) at physical values. Rows become simulator
-inputs in `rows`.
+Every calibration row carries what its public logs measured (`terms`: steady step, evaluation and one-off seconds),
+and each term of the model is fitted on its own measurement:
+
+- **the step**: one GEMM efficiency per (software release, GPU generation), a GEMM-efficiency multiplier per
+  non-reference GPU SKU (each generation's `reference_gpu` in `sim/hardware/generations.toml`), TP exposure per
+  benchmark (`efficiency.PER_BENCHMARK`) and six scalars shared by all (DP overlap, overlap slowdown, FP4 efficiency,
+  the constant host overhead, the straggler term and the synchronisation per doubling of the NVLink domains), by
+  coordinate descent on the squared log error of the steady step seconds;
+- **the evaluation**: forward passes at the training forward's efficiency (`eval_eff` = 1), plus a fixed part per
+  benchmark and software release: the median of the measured evaluation seconds minus the forward part;
+- **the one-offs**: seconds per benchmark and software release, the median of the measured one-off seconds; the
+  first evaluation's extra, the median of first minus steady evaluation (`fit_run_terms`).
+
+No gemm_eff prices a GPU above 90% of its datasheet dense peak (`rate_bounds`). A weak pull toward the priors keeps
+scalars the data cannot see (e.g. DP overlap when no row is DP-bound) at physical values. A results row without
+measured terms (a user's file) fits the step scalars on its run minutes instead. Rows become simulator inputs in
+`rows`.
 """
 
 from __future__ import annotations
@@ -24,9 +32,13 @@ from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import (
     OWN_FIT,
     PER_BENCHMARK,
+    RUN_TERMS,
     Efficiency,
+    cap_gemm_eff,
     nearest_set,
+    pauses,
     specialise,
+    with_run_terms,
 )
 from scaletrain.sim.fit.results import PublishedResult
 from scaletrain.sim.fit.rows import _Row, host_network, prepare, row_layout, row_system
@@ -53,11 +65,13 @@ SHARED = (
     "overlap_slowdown",
     "step_overhead_s",
     "straggler_cv",
-    "warmup_steps",
-    "comm_init_s",
-    "eval_fixed_s",
+    "sync_log2_s",
     "fp4_eff",
 )
+NOT_FITTED = {"eval_eff": 1.0, "warmup_steps": 0.0, "comm_init_s": 0.0}
+"""Scalars the published sets hold fixed: an evaluation runs at the training forward's efficiency, and the logs'
+first training segments run at the steady rate (NeMo 25.x: -0.2 s median one-off in the first segment), so start-up
+is priced by the measured one-off seconds (`fit_run_terms`), not by extra step-times or communicator counts."""
 BOUNDS = {
     "gemm_eff": (0.3, 1.2),
     "tp_exposed": (0.0, 1.0),
@@ -71,6 +85,7 @@ BOUNDS = {
     "comm_init_s": (0.0, 3.0),
     "eval_fixed_s": (0.0, 5.0),
     "fp4_eff": (0.4, 1.0),
+    "eval_host_layer_s": (0.0, 0.01),
 }
 SKU_BOUNDS = (0.6, 1.6)
 """Bounds of a GPU SKU's gemm_eff multiplier on its generation's set (prior 1)."""
@@ -111,37 +126,49 @@ class FittedSets(dict):
     """Fitted Efficiency per set name ("v4.1/hopper", ...), plus the per-SKU gemm_eff multipliers (`sku_gemm`) and
     the per-benchmark scalars (`bench`) that `efficiency.specialise` applies to a row's set."""
 
-    def __init__(self, sets=(), sku_gemm: dict | None = None, bench: dict | None = None):
+    def __init__(
+        self, sets=(), sku_gemm: dict | None = None, bench: dict | None = None, run_terms: dict | None = None
+    ):
         super().__init__(sets)
         self.sku_gemm: dict[str, float] = dict(sku_gemm or {})
         self.bench: dict[str, dict[str, float]] = {k: dict(v) for k, v in (bench or {}).items()}
+        self.run_terms: dict = json.loads(json.dumps(run_terms or {}))
+        """Per benchmark: {"software": {label: RUN_TERMS values}, "default": {"<round>[/<generation>]": label}}."""
 
     def copy(self) -> FittedSets:
         """A copy whose dicts can be changed without touching this one."""
-        return FittedSets(self, self.sku_gemm, self.bench)
+        return FittedSets(self, self.sku_gemm, self.bench, self.run_terms)
 
 
 def row_eff(effs: dict, r: _Row, base: Efficiency | None = None) -> Efficiency:
-    """The Efficiency row `r` is priced with: its set (or `base`) specialised to its GPU and benchmark."""
+    """The Efficiency row `r` is priced with: its set (or `base`) specialised to its GPU and benchmark, with the
+    evaluation and one-off seconds of the software its logs ran (else its round's), gemm_eff capped at the GPU's
+    bound."""
     eff = effs[r.set] if base is None else base
-    return specialise(eff, r.row.gpu, r.bench, getattr(effs, "sku_gemm", {}), getattr(effs, "bench", {}))
+    eff = specialise(eff, r.row.gpu, r.bench, getattr(effs, "sku_gemm", {}), getattr(effs, "bench", {}))
+    run_terms = getattr(effs, "run_terms", {})
+    if run_terms:
+        label = r.terms.software if r.terms else None
+        eff = with_run_terms(eff, run_terms, r.bench, r.row.round, r.cluster.gpu.generation, label)[1]
+    return cap_gemm_eff(eff, r.cluster.gpu)
 
 
 def _objective(rows: list[_Row], effs: FittedSets, prior: Efficiency) -> float:
-    """Squared log error of the rows' olympic run minutes, averaged per benchmark and the benchmarks weighted
-    equally (95 LoRA rows must not drown 10 gpt3 rows that alone see pipelines and thousands of GPUs), plus a weak
+    """Squared log error of the rows' steady step seconds (`_Row.step_log_error`), averaged per benchmark and the
+    benchmarks weighted equally (95 LoRA rows must not drown 10 gpt3 rows that alone see pipelines and thousands of
+    GPUs), plus a weak
     pull of every scalar toward its prior (each shared scalar once, each benchmark's scalars once, each set's
     gemm_eff once, each SKU multiplier toward 1), in units of its bound range."""
     sums: dict[str, list[float]] = {}
     cache: dict[tuple, Efficiency] = {}
     for r in rows:
-        if r.runs:
+        if r.runs or r.terms:
             k = (r.set, r.row.gpu, r.bench)
             e = cache.get(k)
             if e is None:
                 e = cache[k] = row_eff(effs, r)
             acc = sums.setdefault(r.bench, [0.0, 0])
-            acc[0] += r.log_error(e) ** 2
+            acc[0] += r.step_log_error(e) ** 2
             acc[1] += 1
     err = sum(total / n for total, n in sums.values()) / max(1, len(sums))
     if not effs:
@@ -193,7 +220,7 @@ def fit(
     rows, the rows given fit everything."""
     base = [r for r in rows if r.bench in SHARED_FIT]
     if not base:
-        return fit_shared(rows, prior, sweeps, refreshes, iters)
+        return fit_run_terms(rows, fit_shared(rows, prior, sweeps, refreshes, iters))
     # Leave-one-out of a row of another benchmark refits the same SHARED_FIT rows each time: reuse that stage.
     ids = tuple((r.row.file, r.row.benchmark, r.row.line, r.row.system) for r in base)
     key = (ids, prior, sweeps, refreshes, iters)
@@ -204,6 +231,87 @@ def fit(
     effs = _SHARED_MEMO[key].copy()
     for bench in sorted({r.bench for r in rows if r.bench not in SHARED_FIT}):
         effs = fit_own([r for r in rows if r.bench == bench], effs, sweeps, refreshes, iters)
+    return fit_run_terms(rows, effs)
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def fit_run_terms(rows: list[_Row], effs: FittedSets) -> FittedSets:
+    """`effs` plus the evaluation and one-off seconds of every benchmark's software releases, each fitted on its own
+    measurement in the rows' public logs (rows without measured terms add nothing):
+
+    - eval_fixed_s: the median over the release's rows of (measured evaluation − predicted forward part), the forward
+      passes priced at the training forward's efficiency with the step scalars already fitted; at least 0;
+    - eval_first_extra_s: the median of (first − steady evaluation), at least 0;
+    - one_off_s: the median of the measured one-off seconds (negative medians, step-time drift, count as 0).
+
+    Medians, not means: a run's one-off can hold a 20-40 s stall (a precision switch, a garbage-collection pause)
+    that a few rows of a release see and the others do not. The release a prediction uses by default is the one
+    most of a round's rows ran, per generation and overall ("default")."""
+    effs = effs.copy()
+    groups: dict[tuple[str, str], list[_Row]] = {}
+    for r in rows:
+        if r.terms is not None and r.terms.software:
+            groups.setdefault((r.bench, r.terms.software), []).append(r)
+    run_terms: dict = {}
+    for (bench, label), rs in sorted(groups.items()):
+        base = [
+            cap_gemm_eff(
+                specialise(
+                    effs[r.set] if r.set in effs else nearest_set(effs, r.set)[1],
+                    r.row.gpu,
+                    r.bench,
+                    effs.sku_gemm,
+                    effs.bench,
+                ),
+                r.cluster.gpu,
+            )
+            for r in rs
+        ]
+
+        def eval_fit(host: float, rs=rs, base=base) -> tuple[float, float]:
+            """(squared log error, fixed seconds) of the group's evaluations at `host` s per layer, the fixed part
+            the median residual."""
+            fwd = [r.eval_forward_s(replace(e, eval_host_layer_s=host, eval_fixed_s=0.0)) for r, e in zip(rs, base)]
+            fixed = max(0.0, _median([r.terms.eval_s - f for r, f in zip(rs, fwd)]))
+            return sum(math.log((f + fixed) / r.terms.eval_s) ** 2 for r, f in zip(rs, fwd)), fixed
+
+        host = _golden(lambda h: eval_fit(h)[0], *BOUNDS["eval_host_layer_s"], 0.0, 24)
+        residual_fixed = eval_fit(host)[1]
+        # Rows whose runs pass a recipe pause (`efficiency.PAUSE_EVERY_STEPS`) hold it in their one-off: the others
+        # give the start-up one-off, the difference the pause.
+        paused = [r for r in rs if pauses(bench, r.median_steps) > 0]
+        plain = [r for r in rs if pauses(bench, r.median_steps) == 0] or rs
+        one_off = max(0.0, _median([r.terms.one_off_s for r in plain]))
+        pause = 0.0
+        if paused and len(plain) < len(rs):
+            pause = max(0.0, _median([r.terms.one_off_s / pauses(bench, r.median_steps) for r in paused]) - one_off)
+        values = {
+            "eval_fixed_s": residual_fixed,
+            "eval_host_layer_s": host,
+            "eval_first_extra_s": max(0.0, _median([r.terms.first_eval_s - r.terms.eval_s for r in rs])),
+            "one_off_s": one_off,
+            "pause_s": pause,
+            "rows": len(rs),
+        }
+        run_terms.setdefault(bench, {"software": {}, "default": {}})["software"][label] = values
+    for bench, terms in run_terms.items():
+        counts: dict[str, dict[str, int]] = {}
+        for (b, label), rs in groups.items():
+            if b != bench:
+                continue
+            for r in rs:
+                for key in (r.row.round, f"{r.row.round}/{r.cluster.gpu.generation}"):
+                    counts.setdefault(key, {}).setdefault(label, 0)
+                    counts[key][label] += 1
+        terms["default"] = {
+            key: max(sorted(c), key=lambda lab, c=c: c[lab]) for key, c in sorted(counts.items())
+        }
+    effs.run_terms = run_terms
     return effs
 
 
@@ -213,9 +321,8 @@ def fit_own(rows: list[_Row], effs: FittedSets, sweeps: int = 3, refreshes: int 
     pull toward the priors (gemm_mult 1, the others the pretraining benchmark's values: Megatron pretraining like
     it). A row whose set `effs` lacks gets the nearest one (`nearest_set`).
 
-    Only the first len(rows) // ROWS_PER_OWN_SCALAR of OWN_FIT (at least gemm_mult) are fitted: llama31_405b's 4
-    rows fit gemm_mult alone (with eval_eff too its leave-one-out error grows from 16.7% to 18.2% mean, with the
-    PER_BENCHMARK ones and DP overlap to 22%: its rows differ mostly in GPU and submitter), llama31_8b's 24 both.
+    Only the first len(rows) // ROWS_PER_OWN_SCALAR of OWN_FIT (at least gemm_mult) are fitted, on the rows' steady
+    step seconds.
     """
     effs = effs.copy()
     bench = rows[0].bench
@@ -228,11 +335,11 @@ def fit_own(rows: list[_Row], effs: FittedSets, sweeps: int = 3, refreshes: int 
     values = dict(priors)
 
     def eff(r: _Row, vals: dict[str, float]) -> Efficiency:
-        return specialise(effs[r.set], r.row.gpu, bench, effs.sku_gemm, {bench: vals})
+        return cap_gemm_eff(specialise(effs[r.set], r.row.gpu, bench, effs.sku_gemm, {bench: vals}), r.cluster.gpu)
 
     def objective(vals: dict[str, float]) -> float:
         pull = sum(((x - priors[n]) / (OWN_BOUNDS[n][1] - OWN_BOUNDS[n][0])) ** 2 for n, x in vals.items())
-        return sum(r.log_error(eff(r, vals)) ** 2 for r in rows) / len(rows) + PRIOR_WEIGHT * pull
+        return sum(r.step_log_error(eff(r, vals)) ** 2 for r in rows) / len(rows) + PRIOR_WEIGHT * pull
 
     for _ in range(refreshes):
         for r in rows:
@@ -255,7 +362,7 @@ def fit_shared(
     rounds per refresh of the event-simulation ratios. More sweeps or steps do not lower the objective measurably
     (the valley is flat along several scalars), so leave-one-out, which refits once per row, runs this same fit.
     """
-    prior = prior or Efficiency()
+    prior = replace(prior or Efficiency(), **NOT_FITTED)
     effs = FittedSets(
         {r.set: prior for r in rows},
         {r.row.gpu: 1.0 for r in rows if not r.reference_sku},
@@ -351,8 +458,10 @@ def to_json(effs: dict[str, Efficiency], scores: list[RowScore]) -> str:
         "sets": {k: e.to_dict() for k, e in sorted(effs.items())},
         "sku_gemm": dict(sorted(getattr(effs, "sku_gemm", {}).items())),
         "benchmarks": {k: dict(v) for k, v in sorted(getattr(effs, "bench", {}).items())},
+        "run_terms": getattr(effs, "run_terms", {}),
         "fit": {
-            "objective": "squared log error of run minutes with published convergence",
+            "objective": "steps: squared log error of the logs' steady step seconds; evaluations and one-offs: "
+            "medians of the logs' seconds per benchmark and software release",
             "rows": [f"{s.row.benchmark} {s.row.round} {s.row.system} {s.row.gpus}" for s in scores],
             "perf": summary(scores, "perf_error"),
             "ttt": summary(scores, "error"),

@@ -1,7 +1,9 @@
 """Published results as simulator inputs: each row's catalog system, layout and fitted set, and its predicted run
 minutes priced fast enough to be refitted hundreds of times (`calibrate.fit`, `validate` leave-one-out).
 
-A row's run time is warm-up + steps x step + evaluations x evaluation (`predict`). Only the "core" of the step
+A row's run time is one-off + steps x step + evaluations x evaluation (+ the first evaluation's extra; `predict`), and
+each calibration row carries the terms its public logs measured (`terms.MeasuredTerms`), which the fit matches term
+by term. Only the "core" of the step
 (compute, exposed TP/CP/DP communication, pipeline bubble, optimizer) needs the step model; it depends on four
 `Efficiency` scalars (gemm_eff, tp_exposed, dp_overlap, overlap_slowdown) and is cached per system and layout,
 keyed on the scalars the row's layout actually uses (tp_exposed only with TP, the DP ones only with DP traffic).
@@ -17,8 +19,9 @@ from dataclasses import replace
 from scaletrain.sim import mlperf
 from scaletrain.sim.catalog import Catalog, CatalogError, default_catalog, load_catalog
 from scaletrain.sim.comm import Cluster
-from scaletrain.sim.efficiency import Efficiency
+from scaletrain.sim.efficiency import Efficiency, pauses
 from scaletrain.sim.fit.results import PublishedResult
+from scaletrain.sim.fit.terms import MeasuredTerms, bundled_terms
 from scaletrain.sim.fixed_costs import comm_init_units, domains, expected_max_normal
 from scaletrain.sim.predict import eval_passes, expected_convergence
 from scaletrain.sim.step import StepResult, step_time
@@ -117,8 +120,10 @@ _CORE_CACHE_MAX = 400_000
 class _Row:
     """A row with everything precomputed that does not depend on the efficiencies."""
 
-    def __init__(self, row: PublishedResult, cat: Catalog):
+    def __init__(self, row: PublishedResult, cat: Catalog, terms: MeasuredTerms | None = None):
         self.row = row
+        self.terms = terms
+        """What the row's public logs measured (None for a results row without decomposed logs)."""
         self.bench = row.benchmark
         self.w = load_workload(mlperf.bench(row.benchmark).reference_preset)
         self.layout = row_layout(row)
@@ -147,12 +152,15 @@ class _Row:
         self._log2d = math.log2(domains(row.gpus, n.nvlink_domain))
         # One evaluation's forward passes = this factor x the busiest rank's forward time (predict.eval_time).
         self._eval_passes = eval_passes(self.w, lay, mlperf.bench(self.bench).eval_tokens)
+        self._rank_layers = -(-self.w.shape.layers // lay.pp)
         self._obs = row.olympic_minutes
         self._log_obs = math.log(self._obs)
         # A run's minutes grow with its steps and evaluations, which grow together, so the olympic mean always drops
         # the runs with the fewest and the most steps (a failed run is the most): it is the run-time formula at the
         # mean steps and evaluations of the others.
         ordered: list[tuple[float, float]] = sorted((float(c.steps), float(c.evals)) for c in self.runs)
+        self.median_steps = ordered[len(ordered) // 2][0] if ordered else 0.0
+        """Steps of the row's median converged run."""
         ordered += [(math.inf, math.inf)] * self.failed
         kept = ordered[1:-1] if len(ordered) >= 3 else []
         self._mid = (
@@ -182,7 +190,9 @@ class _Row:
         return hit
 
     def timing(self, eff: Efficiency, event: bool = False) -> tuple[float, float, float]:
-        """(step, evaluation, warm-up) seconds at `eff`; the closed form is scaled by the row's event ratio."""
+        """(step, evaluation, one-off) seconds at `eff` (`fixed_costs.warmup_s`: the release's one-off plus any
+        warm-up step-times and communicator creation a set prices); the closed form is scaled by the row's event
+        ratio."""
         core, makespan, fwd = self.core(eff, event)
         scale = 1.0 if event else self.ratio
         step = (
@@ -191,14 +201,17 @@ class _Row:
             + eff.sync_log2_s * self._log2d
             + eff.straggler_cv * self._max_n * makespan * scale
         )
-        ev = self._eval_passes * fwd / eff.eval_eff + eff.eval_fixed_s + eff.sync_log2_s * self._log2d
-        warm = eff.warmup_steps * step + eff.comm_init_s * self._comm_units
+        ev = self._eval_passes * max(fwd / eff.eval_eff, self._rank_layers * eff.eval_host_layer_s)
+        ev += eff.eval_fixed_s + eff.sync_log2_s * self._log2d
+        warm = eff.one_off_s + eff.warmup_steps * step + eff.comm_init_s * self._comm_units
         return step, ev, warm
 
     def minutes(self, eff: Efficiency, conv, event: bool = False, st=None) -> float:
         """Minutes of one run that stops after `conv` (an mlperf.Convergence or predict.ExpectedRun)."""
         step, ev, warm = st or self.timing(eff, event)
-        return (warm + conv.steps * step + conv.evals * ev) / 60
+        first = eff.eval_first_extra_s if conv.evals > 0 else 0.0
+        pause = eff.pause_s * pauses(self.bench, conv.steps)
+        return (warm + pause + conv.steps * step + conv.evals * ev + first) / 60
 
     def run_minutes(self, eff: Efficiency, event: bool = False) -> list[float]:
         """Predicted minutes of each published run (inf for a run that did not converge)."""
@@ -209,7 +222,25 @@ class _Row:
         """log(predicted / published) of the olympic mean of the runs (closed form scaled by the event ratio)."""
         step, ev, warm = self.timing(eff)
         steps, evals = self._mid
-        return math.log((warm + steps * step + evals * ev) / 60) - self._log_obs
+        pause = eff.pause_s * pauses(self.bench, steps)
+        return math.log((warm + pause + steps * step + evals * ev + eff.eval_first_extra_s) / 60) - self._log_obs
+
+    def one_off_s(self, eff: Efficiency) -> float:
+        """Predicted one-off seconds of the row's median run: the release's one-off plus its recipe's pauses."""
+        return self.timing(eff, True)[2] + eff.pause_s * pauses(self.bench, self.median_steps)
+
+    def step_log_error(self, eff: Efficiency) -> float:
+        """log(predicted / measured) of the steady step (closed form scaled by the event ratio); the run minutes'
+        error for a row without measured terms."""
+        if self.terms is None:
+            return self.log_error(eff)
+        return math.log(self.timing(eff)[0] / self.terms.step_s)
+
+    def eval_forward_s(self, eff: Efficiency, event: bool = True) -> float:
+        """The part of one evaluation that is forward passes and synchronisation (what `eval_fixed_s` comes on
+        top of)."""
+        _, ev, _ = self.timing(eff, event)
+        return ev - eff.eval_fixed_s
 
     def refresh_ratio(self, eff: Efficiency) -> None:
         """Event-simulation / closed-form ratio of the core step at `eff`."""
@@ -217,14 +248,17 @@ class _Row:
 
 
 def prepare(
-    rows: list[PublishedResult], cat: Catalog | None = None
+    rows: list[PublishedResult], cat: Catalog | None = None, terms: dict | None = None
 ) -> tuple[list[_Row], list[tuple[PublishedResult, str]]]:
-    """Rows ready to fit or score, and (row, reason) for rows the simulator cannot take."""
+    """Rows ready to fit or score, each with its measured terms where the shipped logs have them (`bundled_terms`),
+    and (row, reason) for rows the simulator cannot take. `terms` replaces the shipped terms ({} = none: every row is
+    fitted on its run minutes)."""
     cat = cat or load_catalog()
+    terms = bundled_terms() if terms is None else terms
     ready, bad = [], []
     for row in rows:
         try:
-            ready.append(_Row(row, cat))
+            ready.append(_Row(row, cat, terms.get((row.benchmark, row.round, row.system, row.gpus))))
         except (ValueError, CatalogError, KeyError) as exc:
             bad.append((row, str(exc)))
     return ready, bad

@@ -53,6 +53,8 @@ class MeasuredTerms:
     """Sequences trained at run_stop (gpt3: tokens / 2,048)."""
     source: str
     """The file the runs came from."""
+    software: str = ""
+    """The software release most of the row's runs ran (the terms file's `software` label, e.g. "NeMo 24.09")."""
 
     @property
     def key(self) -> tuple[str, str, str, int]:
@@ -74,6 +76,7 @@ def load_terms(paths: list[Path]) -> dict[tuple[str, str, str, int], MeasuredTer
     """Each calibration row's MeasuredTerms from terms CSV files, keyed by `MeasuredTerms.key`."""
     runs: dict[tuple[str, str, str, int], list[dict[str, float]]] = {}
     sources: dict[tuple[str, str, str, int], str] = {}
+    labels: dict[tuple[str, str, str, int], list[str]] = {}
     for path in paths:
         try:
             text = Path(path).read_text(encoding="utf-8")
@@ -97,6 +100,7 @@ def load_terms(paths: list[Path]) -> dict[tuple[str, str, str, int], MeasuredTer
             key = (rec["benchmark"], rec["round"], rec["system"], int(gpus))
             runs.setdefault(key, []).append(values)
             sources.setdefault(key, str(path))
+            labels.setdefault(key, []).append(rec.get("software") or "")
 
     def median(rs: list[dict[str, float]], column: str) -> float:
         return statistics.median(r[column] for r in rs)
@@ -114,6 +118,7 @@ def load_terms(paths: list[Path]) -> dict[tuple[str, str, str, int], MeasuredTer
             one_off_s=median(rs, "one_off_s"),
             samples_to_converge=median(rs, "samples_to_converge"),
             source=sources[key],
+            software=max(sorted(set(labels[key])), key=labels[key].count),
         )
         for key, rs in runs.items()
     }
@@ -137,7 +142,9 @@ def score_terms(rows, effs_for, terms: dict[tuple[str, str, str, int], MeasuredT
         m = terms.get((r.row.benchmark, r.row.round, r.row.system, r.row.gpus))
         if m is None:
             continue
-        step, ev, warm = r.timing(effs_for(r), True)
+        eff = effs_for(r)
+        step, ev, _ = r.timing(eff, True)
+        warm = r.one_off_s(eff)
         out.append(
             {
                 "benchmark": r.row.benchmark,

@@ -21,6 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from scaletrain.sim.efficiency import Efficiency, nearest_set
 from scaletrain.sim.fit import calibrate as cal
+from scaletrain.sim.fit.terms import score_terms, terms_summary
 
 MODES = ("loo", "scale", "round")
 
@@ -64,13 +65,18 @@ def newest_rounds(rows: list[cal._Row]) -> dict[str, str]:
     return {b: max(s, key=_round_key) for b, s in rounds.items() if len(s) > 1}
 
 
-def _score(r: cal._Row, effs: dict[str, Efficiency]) -> tuple[str, cal.RowScore]:
+def _score(r: cal._Row, effs: dict[str, Efficiency]) -> tuple[str, cal.RowScore, dict | None]:
     used, eff = nearest_set(effs, r.set)
     eff = cal.row_eff(effs, r, eff)  # the SKU multiplier and benchmark scalars the fit left (1 / priors if none)
-    return used, cal.score_rows([r], lambda _: eff)[0]
+    scored = score_terms([r], lambda _: eff, {_terms_key(r): r.terms} if r.terms else {})
+    return used, cal.score_rows([r], lambda _: eff)[0], (scored[0] if scored else None)
 
 
-def _loo_one(args: tuple[list[cal._Row], int]) -> tuple[str, cal.RowScore]:
+def _terms_key(r: cal._Row) -> tuple[str, str, str, int]:
+    return r.row.benchmark, r.row.round, r.row.system, r.row.gpus
+
+
+def _loo_one(args: tuple[list[cal._Row], int]) -> tuple[str, cal.RowScore, dict | None]:
     rows, i = args
     # A cold refit from the priors: one warm-started from the fit on every row keeps part of the left-out row's pull.
     return _score(rows[i], cal.fit(rows[:i] + rows[i + 1 :]))
@@ -82,7 +88,8 @@ def cross_validate(rows: list[cal._Row], mode: str, threshold: int | None = None
     Returns {"mode", "thresholds" (scale: per benchmark), "rounds" (round: each benchmark's newest, the rows
     scored), "fit_rows" (rows each fit saw: LOO n-1, scale the count below the thresholds, round a count per held-out
     round), "sets" (scale: the fitted sets; round: per held-out round), "scores" [(row, set used, RowScore)],
-    "in_sample" [RowScore of the same rows with sets fitted on every row]}. `jobs` > 1 runs LOO refits in
+    "in_sample" [RowScore of the same rows with sets fitted on every row], "terms" [the held-out rows' step,
+    evaluation and one-off against their logs, `terms.score_terms` rows]}. `jobs` > 1 runs LOO refits in
     that many processes (the fits are independent; results do not depend on it).
     """
     if mode not in MODES:
@@ -133,8 +140,10 @@ def cross_validate(rows: list[cal._Row], mode: str, threshold: int | None = None
                 if newest.get(r.bench) == held and r.row.round == held:
                     scored.append(i)
                     results.append(_score(r, effs))
-    out["scores"] = [(rows[i].row, used, s) for i, (used, s) in zip(scored, results)]
+    out["scores"] = [(rows[i].row, used, s) for i, (used, s, _) in zip(scored, results)]
     out["in_sample"] = [_score(rows[i], full)[1] for i in scored]
+    # Each held-out row's step, evaluation and one-off against its logs, priced by the same held-out fit.
+    out["terms"] = [t for _, _, t in results if t is not None]
     return out
 
 
@@ -199,6 +208,7 @@ def cv_json(cv: dict) -> dict:
         rows.append(d)
     return {
         "mode": cv["mode"],
+        "terms_summary": terms_summary(cv.get("terms", [])),
         "thresholds": cv["thresholds"],
         **({"rounds": cv["rounds"]} if "rounds" in cv else {}),
         "fit_rows": cv["fit_rows"],
