@@ -6,6 +6,9 @@ GPU in that precision and `eff` the software-release efficiency the calibration 
 release gets to the kernel ceiling inside a training step). With a measured curve in the catalog the curve's rate
 at that size replaces the roll-off.
 
+FP8 attention (`layout.fp8_attention`, with fp8) runs the attention core at the catalog's FP8 flash-attention rate
+(`attention_tflops`); otherwise attention is bf16, FP8 and FP4 recipes alike.
+
 FP4 (`layout.fp4`, NVFP4 on Blackwell, MXFP4 on CDNA 4) prices the GEMMs FP8 would cover (the transformer layers'
 base projections, forward and both backward GEMMs) at the FP4 ceiling; attention, the output layer, the embedding
 and LoRA adapters stay bf16, and casts, gradients and memory are as with FP8 (quantizing to FP4 reads the bf16
@@ -148,7 +151,7 @@ def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float, f
     att = w.inventory.attention
     attn_flops = (b * s / cp) * att.forward_flops(w.inventory.attention_tokens(s)) / t * 0.5
     # Context parallelism runs attention as cp partial blocks (one per K/V chunk) plus a merge: more, smaller kernels.
-    attn_f = attn_flops / (gpu.attn_tflops * TB * gemm_eff) + 2 * cp * gpu.kernel_us * 1e-6
+    attn_f = attn_flops / (attention_tflops(gpu, layout) * TB * gemm_eff) + 2 * cp * gpu.kernel_us * 1e-6
     attn_b = 2.5 * attn_f
     # Elementwise traffic shrinks by t only under sequence parallelism (otherwise every TP rank holds the
     # whole sequence in the LayerNorm/residual regions).
@@ -171,6 +174,15 @@ def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float, f
     elif layout.recompute == "selective":
         bwd += attn_f
     return LayerTimes(fwd=fwd, bwd=bwd, attn_fwd=attn_f, gemm_fwd=gemm_f)
+
+
+def attention_tflops(gpu: GPU, layout: ClusterLayout) -> float:
+    """The flash-attention rate `layout` runs at on `gpu`: the FP8 one (`GPU.attn_fp8_tflops`) for FP8 attention on
+    an FP8 layout where the catalog has one, else bf16's. FP8 attention runs its backward in FP8 too
+    (NVTE_FP8_DPA_BWD=1 in every published config that sets FP8_DPA=1), so both directions take this rate."""
+    if layout.fp8_attention and layout.fp8 and gpu.attn_fp8_tflops > 0:
+        return gpu.attn_fp8_tflops
+    return gpu.attn_tflops
 
 
 def logits_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float) -> tuple[float, float]:
