@@ -288,6 +288,13 @@ class BenchmarkSpec:
     eval_skip_min_gbs: int = 0
     """No evaluation is skipped below this GBS: a rule stated for the legal batch sizes only, which would skip
     hundreds of evaluations at a CPU proxy's (which follows its benchmark's cadence rules); 0 = any GBS."""
+    fp4_healing_step: int = 0
+    """FP4 runs' precision switch: the optimizer step after which an FP4 run continues with FP8 GEMMs ("healing"), as
+    the benchmark's published FP4 recipes set it; 0 = no switch. The simulator prices the steps up to it at the FP4
+    step time and those after it at the FP8 one (`predict --fp4-healing-step` overrides it)."""
+    fp8_attention: bool = False
+    """Whether the benchmark's reference recipe runs attention (the dot-product attention core, forward and
+    backward) in FP8: the default of `predict`/`plan --fp8-attention` for FP8 layouts."""
 
     def __post_init__(self) -> None:
         if self.init_keys not in INIT_KEY_LISTS:
@@ -427,6 +434,15 @@ LLAMA2_70B_LORA = BenchmarkSpec(
         Fixed("train.eval_interval_samples"),
         GbsRange(8, 128),  # rcp_checker/training_4.1.0/rcps_llama2_70b_lora.json: GBS 8, 16, 32, 128
     ),
+    # Every published v5.1 FP4 config sets HEALING_ITER=350 with HEALING_PRECISION=FP8_DS (FP8 delayed scaling), e.g.
+    # mlcommons/training_results_v5.1:NVIDIA/benchmarks/llama2_70b_lora/implementations/nemo/
+    # config_GB200_2x4x2xtp1pp1cp2_fp4.sh and config_common_fp4.sh (custom_callbacks.py switches the GEMM recipe
+    # there); the v5.1 logs show the slower post-switch steps from step 350 on (sim/data/mlperf_terms README).
+    fp4_healing_step=350,
+    # The MLCommons reference (mlcommons/training:llama2_70b_lora/run_llama_70B_scrolls_r16.sh) trains in bf16 with
+    # flash attention (--bf16 True --use_flash_attn, accelerate mixed_precision bf16): no FP8 attention. NVIDIA's
+    # NeMo submissions set FP8_DPA=1 (config_common.sh), which `--fp8-attention` prices.
+    fp8_attention=False,
 )
 
 LLAMA31_405B = BenchmarkSpec(

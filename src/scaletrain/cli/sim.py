@@ -6,6 +6,7 @@ trainer's own layout adapter (`parallel/sim_layout.py`, torch-free), as `train -
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from dataclasses import replace
@@ -32,6 +33,9 @@ log = get_logger(__name__)
 SAMPLES_MAX = 10**12
 """Largest --samples: a million times gpt3's RCP (about 600,000 sequences), far past any run anyone would price."""
 
+HEALING_MAX = 10**9
+"""Largest --fp4-healing-step: a billion steps, more than any run trains, where it means "never switch" as 0 does."""
+
 GBS_MAX = 2**17
 """Largest --gbs the simulator takes: 8x DeepSeek-V3's 15,360 sequences, the largest published. `plan` event-simulates
 its best layouts, and at a larger batch those can hold millions of micro-batches, each simulated (minutes)."""
@@ -43,6 +47,7 @@ def _layout(args) -> ClusterLayout:
     gbs = args.gbs if args.gbs is not None else (spec.default_gbs if spec else None)
     if gbs is None:
         raise ValueError("--gbs is required for models that are not an MLPerf benchmark")
+    _check_recipe_flags(args, fp8=args.fp8 or args.fp4)
     return ClusterLayout(
         gpus=args.gpus,
         tp=args.tp,
@@ -55,12 +60,23 @@ def _layout(args) -> ClusterLayout:
         recompute=args.recompute,
         fp8=args.fp8 or args.fp4,
         fp4=args.fp4,
+        fp8_attention=args.fp8_attention,
+        fp4_healing_step=args.fp4_healing_step,
         zero=args.zero,
         schedule=args.schedule,
         bf16_grads=args.grad_dtype == "bf16" or (args.grad_dtype == "auto" and (args.fp8 or args.fp4)),
         ep=args.ep,
         moe_imbalance=args.moe_imbalance,
     )
+
+
+def _check_recipe_flags(args, fp8: bool) -> None:
+    """ValueError (one line, exit 2) for a recipe flag its precision cannot take: --fp8-attention without the FP8
+    recipe, --fp4-healing-step without --fp4."""
+    if args.fp8_attention and not fp8:
+        raise ValueError("--fp8-attention needs --fp8 (or --fp4): FP8 attention is part of the FP8 recipe")
+    if args.fp4_healing_step is not None and not args.fp4:
+        raise ValueError("--fp4-healing-step needs --fp4: only FP4 runs switch to FP8 at a healing step")
 
 
 def _fmt_min(x) -> str:
@@ -75,7 +91,8 @@ def print_prediction(p: Prediction, out=None) -> None:
         f"  layout TP{lay['tp']} PP{lay['pp']} VP{lay['vp']} CP{lay['cp']} DP{lay['dp']}"
         f"{' EP' + str(lay['ep']) if lay.get('ep', 1) > 1 else ''} mbs{lay['mbs']} "
         f"GBS{lay['gbs']} ({lay['microbatches']} micro-batches, {lay['schedule']}), "
-        f"{'fp4' if lay.get('fp4') else 'fp8' if lay['fp8'] else 'bf16'}, recompute {lay['recompute']}, zero {lay['zero']}",
+        f"{'fp4' if lay.get('fp4') else 'fp8' if lay['fp8'] else 'bf16'}"
+        f"{' (FP8 attention)' if lay.get('fp8_attention') else ''}, recompute {lay['recompute']}, zero {lay['zero']}",
         file=out,
     )
     if not p.feasible:
@@ -92,7 +109,18 @@ def print_prediction(p: Prediction, out=None) -> None:
     print(f"  step breakdown: {parts}", file=out)
     mem = " ".join(f"{k} {v}" for k, v in p.memory.items() if k not in ("total", "in_flight"))
     print(f"  memory (GiB): {mem}, {p.memory.get('in_flight', 0):g} micro-batches in flight", file=out)
-    if p.time_to_train_min is not None:
+    if p.time_to_train_min is not None and p.step_time_post_switch_s is not None:
+        # An FP4 run past its healing step: the steps and evaluations after it at the FP8 times.
+        pre_steps = (p.steps or 0) - (p.steps_post_switch or 0)
+        pre_evals = (p.evals or 0) - (p.evals_post_switch or 0)
+        print(
+            f"  time to train {p.time_to_train_min:.2f} min = {pre_steps:g} FP4 steps x {p.step_time_s:.3f} s "
+            f"+ {p.steps_post_switch:g} FP8 steps x {p.step_time_post_switch_s:.3f} s (after the healing step "
+            f"{p.healing_step}) + {pre_evals:g} evaluations x {p.eval_time_s:.2f} s + {p.evals_post_switch:g} FP8 "
+            f"evaluations x {p.eval_time_post_switch_s:.2f} s + warm-up {p.warmup_s or 0:.1f} s",
+            file=out,
+        )
+    elif p.time_to_train_min is not None:
         print(
             f"  time to train {p.time_to_train_min:.2f} min = {p.steps:g} steps x {p.step_time_s:.3f} s "
             f"+ {p.evals:g} evaluations x {p.eval_time_s:.2f} s + warm-up {p.warmup_s or 0:.1f} s",
@@ -143,6 +171,7 @@ def cmd_plan(args) -> int:
     best."""
     from scaletrain.sim.plan import plan
 
+    _check_recipe_flags(args, fp8=True)  # plan's FP8 layouts take --fp8-attention; --fp4-healing-step needs --fp4
     w = load_workload(args.model, tuple(args.set))
     res = plan(
         w,
@@ -157,6 +186,8 @@ def cmd_plan(args) -> int:
         fp4=args.fp4,
         as_trained=args.as_trained,
         moe_imbalance=args.moe_imbalance,
+        fp8_attention=args.fp8_attention,
+        fp4_healing_step=args.fp4_healing_step,
     )
     cat = load_catalog(args.catalog)
     runs = [
@@ -415,6 +446,23 @@ def _job_flags(p) -> None:
         "--fp4",
         action="store_true",
         help="FP4 GEMMs (NVFP4/MXFP4) where FP8 would apply, on the FP8 recipe (implies --fp8 for predict)",
+    )
+    p.add_argument(
+        "--fp8-attention",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the attention core (flash attention, forward and backward) in FP8 on FP8 layouts, at the catalog's "
+        "FP8 attention rate (NeMo's FP8_DPA=1); default: what the benchmark's reference recipe does (bf16 for every "
+        "benchmark today, the MLCommons llama2_70b_lora reference included). predict needs --fp8 or --fp4 for it",
+    )
+    p.add_argument(
+        "--fp4-healing-step",
+        type=int_flag(0, HEALING_MAX),
+        default=None,
+        metavar="N",
+        help="with --fp4: the step after which the run continues with FP8 GEMMs, the steps and evaluations after it "
+        "priced at the FP8 rates; 0 = no switch (default: the benchmark's recipe, 350 for llama2_70b_lora as its "
+        "published FP4 configs set HEALING_ITER, else 0)",
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of text")
     p.add_argument(

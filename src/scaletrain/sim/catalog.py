@@ -60,6 +60,9 @@ class GPU:
     """Dense FP4 peak (NVFP4 on Blackwell, MXFP4 on CDNA 4); 0 = no FP4 tensor cores."""
     matmul_fp4_tflops: float = 0.0
     """Large-GEMM FP4 ceiling (what `predict --fp4` prices the FP4 GEMMs at); 0 = none."""
+    attn_fp8_tflops: float = 0.0
+    """Flash-attention forward rate in FP8 (what `predict --fp8-attention` prices the attention core at); 0 = no FP8
+    attention kernel known for this GPU, which then runs attention at attn_tflops (bf16)."""
     name_patterns: tuple[str, ...] = ()
     """Regular expressions that find this GPU in a device name or accelerator text (`Catalog.gpu_for_device`);
     empty = the key itself."""

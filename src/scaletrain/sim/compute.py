@@ -6,6 +6,9 @@ GPU in that precision and `eff` the software-release efficiency the calibration 
 release gets to the kernel ceiling inside a training step). With a measured curve in the catalog the curve's rate
 at that size replaces the roll-off.
 
+FP8 attention (`layout.fp8_attention`, with fp8) runs the attention core at the catalog's FP8 flash-attention rate
+(`attention_tflops`); otherwise attention is bf16, FP8 and FP4 recipes alike.
+
 FP4 (`layout.fp4`, NVFP4 on Blackwell, MXFP4 on CDNA 4) prices the GEMMs FP8 would cover (the transformer layers'
 base projections, forward and both backward GEMMs) at the FP4 ceiling; attention, the output layer, the embedding
 and LoRA adapters stay bf16, and casts, gradients and memory are as with FP8 (quantizing to FP4 reads the bf16
@@ -100,13 +103,15 @@ ATTN_CEILING_KEYS = 8192
 attention is priced at the catalog rate and shorter blocks (GPT-3's 2,048, a context-parallel block) below it."""
 
 
-def attention_rate(gpu: GPU, keys: float) -> float:
-    """TFLOP/s of a flash-attention kernel over blocks of `keys` keys per query (`ATTN_HALF_RATE_KEYS`), the catalog's
-    attn_tflops at ATTN_CEILING_KEYS."""
+def attention_rate(gpu: GPU, keys: float, layout: ClusterLayout | None = None) -> float:
+    """TFLOP/s of a flash-attention kernel over blocks of `keys` keys per query (`ATTN_HALF_RATE_KEYS`): the catalog's
+    rate for the layout's attention precision (`attention_tflops`; bf16 without a layout) at ATTN_CEILING_KEYS."""
+    ceiling = attention_tflops(gpu, layout) if layout is not None else gpu.attn_tflops
+
     def shape(n: float) -> float:
         return n / (n + ATTN_HALF_RATE_KEYS)
 
-    return gpu.attn_tflops * shape(max(keys, 1.0)) / shape(ATTN_CEILING_KEYS)
+    return ceiling * shape(max(keys, 1.0)) / shape(ATTN_CEILING_KEYS)
 
 
 def moe_share(w: Workload) -> float:
@@ -169,7 +174,7 @@ def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float, f
     attn_flops = (b * s / cp) * att.forward_flops(keys) / t * 0.5
     # Context parallelism runs attention as cp partial blocks (one per K/V chunk of keys/cp keys) plus a merge: more,
     # smaller kernels, each at the rate of its block length.
-    attn_f = attn_flops / (attention_rate(gpu, keys / cp) * TB * gemm_eff) + 2 * cp * gpu.kernel_us * 1e-6
+    attn_f = attn_flops / (attention_rate(gpu, keys / cp, layout) * TB * gemm_eff) + 2 * cp * gpu.kernel_us * 1e-6
     attn_b = 2.5 * attn_f
     # Elementwise traffic shrinks by t only under sequence parallelism (otherwise every TP rank holds the
     # whole sequence in the LayerNorm/residual regions).
@@ -192,6 +197,15 @@ def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float, f
     elif layout.recompute == "selective":
         bwd += attn_f
     return LayerTimes(fwd=fwd, bwd=bwd, attn_fwd=attn_f, gemm_fwd=gemm_f)
+
+
+def attention_tflops(gpu: GPU, layout: ClusterLayout) -> float:
+    """The flash-attention rate `layout` runs at on `gpu`: the FP8 one (`GPU.attn_fp8_tflops`) for FP8 attention on
+    an FP8 layout where the catalog has one, else bf16's. FP8 attention runs its backward in FP8 too
+    (NVTE_FP8_DPA_BWD=1 in every published config that sets FP8_DPA=1), so both directions take this rate."""
+    if layout.fp8_attention and layout.fp8 and gpu.attn_fp8_tflops > 0:
+        return gpu.attn_fp8_tflops
+    return gpu.attn_tflops
 
 
 def logits_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float) -> tuple[float, float]:

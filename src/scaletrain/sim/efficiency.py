@@ -57,6 +57,9 @@ class Efficiency:
     the training step's CUDA graphs, so each layer's kernels are launched from Python, and a micro-batch forward
     takes at least layers x this even where its GPU work is shorter (small per-GPU shards: TP4 CP2 at one sequence
     per replica)."""
+    switch_s: float = 0.0
+    """Seconds an FP4 run loses once at its healing step, switching to FP8 (re-quantising, rebuilding graphs), per
+    software release (`run_terms`)."""
     pause_s: float = 0.0
     """Seconds of the pause a benchmark's recipe takes every `PAUSE_EVERY_STEPS` steps (NeMo's garbage collection),
     per software release (`run_terms`)."""
@@ -227,7 +230,7 @@ def _normal_release(release: str) -> str:
     return "v" + release if release[:1].isdigit() else release
 
 
-RUN_TERMS = ("eval_fixed_s", "eval_first_extra_s", "eval_host_layer_s", "one_off_s", "pause_s")
+RUN_TERMS = ("eval_fixed_s", "eval_first_extra_s", "eval_host_layer_s", "one_off_s", "pause_s", "switch_s")
 """The Efficiency fields a benchmark's software release sets (`sim calibrate` fits them on the public logs' evaluation
 and one-off seconds: `calibrate.fit_run_terms`)."""
 

@@ -274,6 +274,45 @@ def convergence(benchmark: str, gbs: int, converge: float | None = None, version
     )
 
 
+@dataclass(frozen=True)
+class PrecisionSplit:
+    """A run's training steps and timed evaluations either side of an FP4 run's precision switch (`healing_split`);
+    fractional where the run is an expectation over runs."""
+
+    steps_fp4: float
+    """Steps up to and including the healing step, at the FP4 step time."""
+    steps_fp8: float
+    """Steps after it, at the FP8 step time."""
+    evals_fp4: float
+    """Evaluations that follow a step at or before the healing step."""
+    evals_fp8: float
+    """Evaluations after it."""
+
+
+def healing_split(
+    steps: float, evals: float, healing_step: int, eval_interval: int, skipped: int = 0
+) -> PrecisionSplit:
+    """Split a run of `steps` steps and `evals` timed evaluations at `healing_step` (0 = no switch: all FP4).
+
+    Steps 1..healing_step run in FP4 and the rest in FP8, as the published FP4 recipes switch (HEALING_ITER) and as
+    `sim/data/mlperf_terms` counts them (steps_post_switch = steps - precision_switch_step). Timed evaluation k
+    (1-based) follows step (skipped + k) * eval_interval, the `skipped` first evaluations not being run, and runs in
+    the precision of the step before it. The one-off cost of the switch itself is not part of this split.
+    """
+    if isinstance(healing_step, bool) or not isinstance(healing_step, int) or healing_step < 0:
+        raise ValueError(f"healing_step must be a whole number of steps >= 0, got {healing_step!r}")
+    if eval_interval < 1 or skipped < 0 or not (steps >= 0 and evals >= 0):
+        raise ValueError(
+            f"need steps, evals, skipped >= 0 and eval_interval >= 1, got {steps}, {evals}, {skipped}, {eval_interval}"
+        )
+    if healing_step == 0 or steps <= healing_step:
+        return PrecisionSplit(steps_fp4=steps, steps_fp8=0.0, evals_fp4=evals, evals_fp8=0.0)
+    evals_fp4 = min(evals, max(0, healing_step // eval_interval - skipped))
+    return PrecisionSplit(
+        steps_fp4=healing_step, steps_fp8=steps - healing_step, evals_fp4=evals_fp4, evals_fp8=evals - evals_fp4
+    )
+
+
 def score(benchmark: str, run_minutes) -> float:
     """Submission score in minutes: olympic mean of exactly `runs` run times (gpt3 3 = median, lora 10).
 

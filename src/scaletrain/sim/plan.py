@@ -22,7 +22,7 @@ from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import efficiency_for
 from scaletrain.sim.predict import ExpectedRun, Prediction, benchmark_of, eval_time, expected_convergence, predict
 from scaletrain.sim.step import stage_costs, step_time
-from scaletrain.sim.workload import ClusterLayout, Workload, chunk_layers
+from scaletrain.sim.workload import ClusterLayout, Workload, chunk_layers, with_recipe
 
 MBS = (1, 2, 4)
 # CP is searched at every sequence length: at 2048 tokens it is slower than DP, but when the GBS cap bounds DP
@@ -182,6 +182,8 @@ def plan(
     fp4: bool = False,
     as_trained: bool = False,
     moe_imbalance: float = 1.0,
+    fp8_attention: bool | None = None,
+    fp4_healing_step: int | None = None,
 ) -> PlanResult:
     """The `top` best layouts of `w` on `gpus` GPUs of kind `gpu` (node and fabric as in `predict`).
 
@@ -190,8 +192,10 @@ def plan(
     the RCP table's range and others use DEFAULT_GBS. `fp8` fixes the precision; otherwise both are tried where the
     GPU has FP8. `fp4` searches only FP4 layouts (FP4 GEMMs on the FP8 recipe). `as_trained` prices what `scaletrain
     train` runs instead of Megatron's recipe: FSDP2 (ZeRO-3 over dp·cp) at every pipeline depth, gradients reduced in
-    fp32 (also under FP8), no FP4. ValueError for an impossible request (ttt on a non-benchmark, FP8 on a GPU
-    without it, ...).
+    fp32 (also under FP8), no FP4. `fp8_attention` runs the FP8 layouts' attention in FP8 (False: bf16; None: the
+    benchmark recipe's); `fp4_healing_step` is the FP4 layouts' precision switch (None: the benchmark recipe's), which
+    the final prices of the best layouts include (`predict`) and the search's ranking does not. ValueError for an
+    impossible request (ttt on a non-benchmark, FP8 on a GPU without it, ...).
     """
     start = time.perf_counter()
     if gpus < 1 or top < 1:
@@ -202,8 +206,25 @@ def plan(
     bench = benchmark_of(w.name)
     objective = _objective(objective, bench, w.name)
     precisions = _precisions(g, fp8, fp4, as_trained)
+    if fp8_attention and True not in precisions:
+        raise ValueError(f"FP8 attention needs FP8 layouts, and none is searched on {g.key}")
     lo, hi = _batch_range(bench, gbs)
-    search = _Search(w, gpus, n.nvlink_domain, g.hbm_gb, gbs, bench, lo, hi, precisions, fp4, as_trained, moe_imbalance)
+    search = _Search(
+        w,
+        gpus,
+        n.nvlink_domain,
+        g.hbm_gb,
+        gbs,
+        bench,
+        lo,
+        hi,
+        precisions,
+        fp4,
+        as_trained,
+        moe_imbalance,
+        fp8_attention=fp8_attention,
+        fp4_healing_step=fp4_healing_step,
+    )
     cl = Cluster(g, n, f, gpus)
     runs: dict[int, ExpectedRun] = {}  # gbs -> expected steps and evaluations
 
@@ -311,6 +332,10 @@ class _Search:
     fp4: bool
     as_trained: bool
     moe_imbalance: float
+    fp8_attention: bool | None = None
+    """FP8 attention on the FP8 layouts (None: the benchmark recipe's, `with_recipe`)."""
+    fp4_healing_step: int | None = None
+    """The FP4 layouts' healing step (None: the benchmark recipe's)."""
 
     def candidates(self, bound) -> _Found:
         """Every (tp, pp, vp, cp, ep, mbs, gbs, precision) layout that divides and fits in memory, each variant with
@@ -341,9 +366,12 @@ class _Search:
                             fp8=prec,
                             bf16_grads=prec and not self.as_trained,
                             fp4=self.fp4,
+                            fp8_attention=None if self.fp8_attention is None else self.fp8_attention and prec,
+                            fp4_healing_step=self.fp4_healing_step,
                             ep=ep,
                             moe_imbalance=self.moe_imbalance,
                         )
+                        lay = with_recipe(lay, self.bench)
                         problems = lay.problems(w)
                         if problems:
                             found.rejected[re.sub(r"\d+", "N", problems[0])] += 1

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from scaletrain import benchmarks
@@ -13,7 +13,7 @@ from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import Efficiency, efficiency_for, pauses
 from scaletrain.sim.fixed_costs import domains, eval_fixed_s, warmup_s
 from scaletrain.sim.step import StepResult, step_time
-from scaletrain.sim.workload import ClusterLayout, Workload
+from scaletrain.sim.workload import ClusterLayout, Workload, with_recipe
 
 
 def benchmark_of(preset: str) -> str | None:
@@ -62,6 +62,18 @@ class Prediction:
     recipe's pauses), fitted on the public logs; part of warmup_s."""
     eval_first_s: float | None = None
     """Seconds of the first evaluation (eval_time_s plus the release's first-evaluation extra)."""
+    healing_step: int = 0
+    """FP4 layouts: the step after which the run continues with FP8 GEMMs (the recipe's healing step); 0 = no
+    switch (not FP4, or switched off). step_time_s and eval_time_s are the FP4 ones before it."""
+    step_time_post_switch_s: float | None = None
+    """Seconds per step after the healing step (the same layout with FP8 GEMMs); None when the run does not get
+    past the healing step."""
+    eval_time_post_switch_s: float | None = None
+    """Seconds per evaluation after the healing step; None as step_time_post_switch_s."""
+    steps_post_switch: float | None = None
+    """Of `steps`, those after the healing step; None as step_time_post_switch_s."""
+    evals_post_switch: float | None = None
+    """Of `evals`, those after the healing step; None as step_time_post_switch_s."""
 
     def to_dict(self) -> dict:
         """JSON-ready dict."""
@@ -136,12 +148,15 @@ def predict(
     event: bool = True,
     benchmark: str | None = None,
 ) -> Prediction:
-    """Predict one configuration. `eff` overrides the fitted set picked by `calibration` (a release)."""
+    """Predict one configuration. `eff` overrides the fitted set picked by `calibration` (a release). The recipe
+    choices `layout` leaves open (None: FP8 attention, the FP4 healing step) are the benchmark's (`with_recipe`)."""
     cat = catalog or load_catalog()
     g, n, f = cat.system(gpu, node, fabric)
     release = calibration or "latest"
+    bench = benchmark or benchmark_of(w.name)
     if eff is None:
-        release, eff = efficiency_for(calibration, g.key, benchmark or benchmark_of(w.name), cat)
+        release, eff = efficiency_for(calibration, g.key, bench, cat)
+    layout = with_recipe(layout, bench)
     reasons = layout.problems(w)
     if layout.fp8 and g.fp8_tflops <= 0:
         reasons.append(f"{g.key} has no FP8 tensor cores")
@@ -186,8 +201,7 @@ def predict(
     per_gpu = tokens_per_s / layout.gpus
     tflops = per_gpu * w.flops_per_token / 1e12
     peak = g.bf16_tflops  # MFU is always against the dense bf16 peak, as the trainer reports it
-    bench = benchmark or benchmark_of(w.name)
-    run = _time_to_train(w, layout, st, eff, bench, converge, n.nvlink_domain) if bench else {}
+    run = _time_to_train(w, layout, st, eff, bench, converge, n.nvlink_domain, cl, event) if bench else {}
     return Prediction(
         **base,
         feasible=not reasons,
@@ -210,6 +224,11 @@ def predict(
         phases_min=run.get("phases_min", {}),
         one_off_s=run.get("one_off_s"),
         eval_first_s=run.get("eval_first_s"),
+        healing_step=(layout.fp4_healing_step or 0) if layout.fp4 else 0,
+        step_time_post_switch_s=run.get("step_time_post_switch_s"),
+        eval_time_post_switch_s=run.get("eval_time_post_switch_s"),
+        steps_post_switch=run.get("steps_post_switch"),
+        evals_post_switch=run.get("evals_post_switch"),
     )
 
 
@@ -221,18 +240,42 @@ def _time_to_train(
     bench: str,
     converge: float | None,
     nvlink_domain: int,
+    cl: Cluster,
+    event: bool,
 ) -> dict:
     """The MLPerf run of benchmark `bench` at step `st`, as Prediction fields: steps and evaluations to converge,
     seconds per evaluation, training and warm-up seconds, minutes to train and their breakdown by step term and
-    by phase."""
+    by phase. An FP4 layout that gets past its healing step runs the steps and evaluations after it at the FP8
+    layout's step and evaluation times (`mlperf.healing_split`)."""
     conv = expected_convergence(bench, layout.gbs, converge)
     steps, evals = conv.steps, conv.evals
     ev_s = eval_time(w, layout, st.forward_rank_s, conv.eval_tokens, eff, nvlink_domain)
+    heal = (layout.fp4_healing_step or 0) if layout.fp4 else 0
+    split = mlperf.healing_split(
+        steps, evals, heal, mlperf.eval_interval_steps(bench, layout.gbs), mlperf.skipped_evals(bench, layout.gbs)
+    )
+    out: dict = {}
+    train_s = split.steps_fp4 * st.step_time_s
     # The first evaluation builds its data loader and graphs: the release's extra seconds, once.
-    evals_s = evals * ev_s + (eff.eval_first_extra_s if evals > 0 else 0.0)
-    train_s = steps * st.step_time_s
-    warm = warmup_s(layout, st.step_time_s, eff) + eff.pause_s * pauses(bench, steps)
-    parts = {k: steps * v / 60 for k, v in st.breakdown.items()}
+    evals_s = split.evals_fp4 * ev_s + (eff.eval_first_extra_s if evals > 0 else 0.0)
+    parts = {k: split.steps_fp4 * v / 60 for k, v in st.breakdown.items()}
+    one_off = eff.one_off_s + eff.pause_s * pauses(bench, steps)
+    if split.steps_fp8 > 0:
+        fp8 = replace(layout, fp4=False)
+        post = step_time(w, fp8, cl, eff, event=event)
+        ev8 = eval_time(w, fp8, post.forward_rank_s, conv.eval_tokens, eff, nvlink_domain)
+        train_s += split.steps_fp8 * post.step_time_s
+        evals_s += split.evals_fp8 * ev8
+        one_off += eff.switch_s  # re-quantising and rebuilding the FP8 graphs, once
+        for k, v in post.breakdown.items():
+            parts[k] = parts.get(k, 0.0) + split.steps_fp8 * v / 60
+        out = {
+            "step_time_post_switch_s": post.step_time_s,
+            "eval_time_post_switch_s": ev8,
+            "steps_post_switch": split.steps_fp8,
+            "evals_post_switch": split.evals_fp8,
+        }
+    warm = warmup_s(layout, st.step_time_s, eff) + one_off - eff.one_off_s
     parts["evaluation"] = evals_s / 60
     parts["warmup"] = warm / 60
     return {
@@ -244,8 +287,9 @@ def _time_to_train(
         "time_to_train_min": (warm + train_s + evals_s) / 60,
         "ttt_breakdown": parts,
         "warmup_s": warm,
-        "one_off_s": eff.one_off_s + eff.pause_s * pauses(bench, steps),
+        "one_off_s": one_off,
         "phases_min": {"warmup": warm / 60, "steps": train_s / 60, "evaluations": evals_s / 60},
+        **out,
     }
 
 
@@ -254,7 +298,9 @@ def _layout_dict(layout: ClusterLayout) -> dict:
     if not d["shard_group"]:
         del d["shard_group"]  # the default (ZeRO over all of dp·cp); only HSDP layouts from a trainer config set it
     if not d["fp4"]:
-        del d["fp4"]  # only FP4 layouts carry the key, so other predictions print what they always did
+        del d["fp4"], d["fp4_healing_step"]  # only FP4 layouts carry them, so other predictions print what they did
+    if not d["fp8_attention"]:
+        del d["fp8_attention"]  # likewise: only layouts with FP8 attention carry it
     if d["ep"] == 1 and d["moe_imbalance"] == 1.0:
         del d["ep"], d["moe_imbalance"]  # likewise: only MoE layouts carry them
     d["dp"] = layout.dp

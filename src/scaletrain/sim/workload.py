@@ -8,7 +8,7 @@ cannot disagree about the model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from scaletrain import benchmarks
@@ -99,6 +99,15 @@ class ClusterLayout:
     fp4: bool = False
     """FP4 (NVFP4 / MXFP4) GEMMs where FP8 would apply (needs fp8: the rest follows the FP8 recipe: attention, output
     layer, embedding and adapters stay bf16, casts, gradients and memory as with FP8)."""
+    fp8_attention: bool | None = None
+    """The attention core (flash attention's QK^T, softmax and AV, forward and backward) in FP8, as Transformer
+    Engine's FP8 dot-product attention runs it (NeMo's FP8_DPA=1 with NVTE_FP8_DPA_BWD=1); needs fp8. None = the
+    benchmark recipe's (`with_recipe`: `BenchmarkSpec.fp8_attention` on FP8 layouts), bf16 for other models."""
+    fp4_healing_step: int | None = None
+    """FP4 layouts: the optimizer step after which the run continues with FP8 GEMMs (the "healing" precision
+    switch of the published FP4 recipes); 0 = no switch. None = the benchmark recipe's (`with_recipe`:
+    `BenchmarkSpec.fp4_healing_step`), 0 for other models. The step time is FP4's either way; the run's time
+    (`predict`) prices the steps and evaluations after it at the FP8 rates. Ignored without fp4."""
     zero: int = 1
     """Optimizer sharding over DP: 0 none, 1 distributed optimizer (ZeRO-1/2), 3 fully sharded (ZeRO-3/FSDP)."""
     bf16_grads: bool = False
@@ -187,6 +196,11 @@ class ClusterLayout:
             )
         if self.fp4 and not self.fp8:
             out.append("fp4 needs fp8 (FP4 GEMMs replace the FP8 ones; the rest follows the FP8 recipe)")
+        if self.fp8_attention and not self.fp8:
+            out.append("fp8_attention needs fp8 (FP8 attention is part of the FP8 recipe)")
+        step = self.fp4_healing_step
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+            out.append(f"fp4_healing_step={step!r} must be a whole number of steps >= 0 (0 = no switch)")
         if self.recompute not in ("none", "selective", "full"):
             out.append(f"recompute={self.recompute!r} must be none, selective or full")
         if self.zero not in (0, 1, 3):
@@ -202,9 +216,23 @@ class ClusterLayout:
         text = (
             f"TP{self.tp} PP{self.pp} VP{self.vp} CP{self.cp} DP{self.dp}{f' EP{self.ep}' if self.ep > 1 else ''}"
             f" mbs{self.mbs} GBS{self.gbs}"
-            f"{' fp4' if self.fp4 else ' fp8' if self.fp8 else ''}{'' if self.recompute == 'none' else ' ' + self.recompute}"
+            f"{' fp4' if self.fp4 else ' fp8' if self.fp8 else ''}{' fp8-attention' if self.fp8_attention else ''}"
+            f"{'' if self.recompute == 'none' else ' ' + self.recompute}"
         )
         return text
+
+
+def with_recipe(layout: ClusterLayout, benchmark: str | None) -> ClusterLayout:
+    """`layout` with the recipe choices it leaves to the benchmark (None) filled in from `benchmark`'s spec: FP8
+    attention on FP8 layouts where the reference recipe runs it, and the FP4 healing step; without a benchmark, bf16
+    attention and no switch."""
+    spec = benchmarks.BENCHMARKS.get(benchmark) if benchmark else None
+    changes: dict = {}
+    if layout.fp8_attention is None:
+        changes["fp8_attention"] = bool(spec and spec.fp8_attention and layout.fp8)
+    if layout.fp4_healing_step is None:
+        changes["fp4_healing_step"] = spec.fp4_healing_step if spec else 0
+    return replace(layout, **changes) if changes else layout
 
 
 def chunk_layers(layers: int, pp: int, vp: int) -> tuple[tuple[int, ...], ...] | None:
@@ -247,6 +275,7 @@ def ceil_div(a: int, b: int) -> int:
 __all__ = [
     "Workload",
     "ClusterLayout",
+    "with_recipe",
     "load_workload",
     "load_config",
     "workload_from_config",

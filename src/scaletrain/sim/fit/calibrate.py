@@ -168,7 +168,7 @@ def _objective(rows: list[_Row], effs: FittedSets, prior: Efficiency) -> float:
             if e is None:
                 e = cache[k] = row_eff(effs, r)
             acc = sums.setdefault(r.bench, [0.0, 0])
-            acc[0] += r.step_log_error(e) ** 2
+            acc[0] += r.step_sq_error(e)
             acc[1] += 1
     err = sum(total / n for total, n in sums.values()) / max(1, len(sums))
     if not effs:
@@ -282,10 +282,11 @@ def fit_run_terms(rows: list[_Row], effs: FittedSets) -> FittedSets:
 
         host = _golden(lambda h: eval_fit(h)[0], *BOUNDS["eval_host_layer_s"], 0.0, 24)
         residual_fixed = eval_fit(host)[1]
-        # Rows whose runs pass a recipe pause (`efficiency.PAUSE_EVERY_STEPS`) hold it in their one-off: the others
-        # give the start-up one-off, the difference the pause.
-        paused = [r for r in rs if pauses(bench, r.median_steps) > 0]
-        plain = [r for r in rs if pauses(bench, r.median_steps) == 0] or rs
+        # Rows whose runs pass a recipe pause (`efficiency.PAUSE_EVERY_STEPS`) or switch precision hold that in their
+        # one-off: the others give the start-up one-off, the difference the pause or the switch.
+        switched = [r for r in rs if r.terms.switch_step]
+        paused = [r for r in rs if pauses(bench, r.median_steps) > 0 and not r.terms.switch_step]
+        plain = [r for r in rs if pauses(bench, r.median_steps) == 0 and not r.terms.switch_step] or rs
         one_off = max(0.0, _median([r.terms.one_off_s for r in plain]))
         pause = 0.0
         if paused and len(plain) < len(rs):
@@ -296,6 +297,7 @@ def fit_run_terms(rows: list[_Row], effs: FittedSets) -> FittedSets:
             "eval_first_extra_s": max(0.0, _median([r.terms.first_eval_s - r.terms.eval_s for r in rs])),
             "one_off_s": one_off,
             "pause_s": pause,
+            "switch_s": max(0.0, _median([r.terms.one_off_s for r in switched]) - one_off) if switched else 0.0,
             "rows": len(rs),
         }
         run_terms.setdefault(bench, {"software": {}, "default": {}})["software"][label] = values
@@ -339,7 +341,7 @@ def fit_own(rows: list[_Row], effs: FittedSets, sweeps: int = 3, refreshes: int 
 
     def objective(vals: dict[str, float]) -> float:
         pull = sum(((x - priors[n]) / (OWN_BOUNDS[n][1] - OWN_BOUNDS[n][0])) ** 2 for n, x in vals.items())
-        return sum(r.step_log_error(eff(r, vals)) ** 2 for r in rows) / len(rows) + PRIOR_WEIGHT * pull
+        return sum(r.step_sq_error(eff(r, vals)) for r in rows) / len(rows) + PRIOR_WEIGHT * pull
 
     for _ in range(refreshes):
         for r in rows:

@@ -66,6 +66,18 @@ def row_system(row: PublishedResult, cat: Catalog | None = None) -> tuple[str, s
     return node, fabric
 
 
+def fp8_attention(row: PublishedResult, generation: str) -> bool:
+    """Whether a published row ran attention in FP8 (FP8_DPA=1). Every NeMo 25.x llama2_70b_lora config of v5.0 and
+    v5.1 on Blackwell sets it (config_common.sh, which every FP4 config sources too), and so do the Hopper configs
+    without context parallelism (TP2/TP4 CP1: HPE, Krai, Oracle, Supermicro, ASUSTeK, Dell); every Hopper CP2 config
+    sets FP8_DPA=0, as do AMD's and MangoBoost's (mlcommons/training_results_v5.0 and v5.1,
+    <submitter>/benchmarks/llama2_70b_lora/implementations/*/config_*.sh, followed through what they source). No
+    other benchmark's published config sets it, and v4.x LoRA configs did not."""
+    if row.benchmark != "llama2_70b_lora" or not row.fp8 or row.round < "v5.0":
+        return False
+    return generation == "blackwell" or (generation == "hopper" and row.cp == 1)
+
+
 def row_layout(row: PublishedResult) -> ClusterLayout:
     """The simulator layout of a published row.
 
@@ -132,6 +144,10 @@ class _Row:
             raise ValueError("layout " + "; ".join(problems))
         node, fabric = row_system(row, cat)
         g, n, f = cat.system(row.gpu, node, fabric or None)
+        # FP4 rows switch to FP8 where their logs show it (not every config that sets HEALING_ITER does: terms
+        # README); without logs, at the recipe's step.
+        heal = (terms.switch_step if terms else mlperf.bench(row.benchmark).fp4_healing_step) if row.fp4 else 0
+        self.layout = replace(self.layout, fp8_attention=fp8_attention(row, g.generation), fp4_healing_step=heal)
         self.cluster = Cluster(g, n, f, row.gpus)
         self.set = f"{row.round}/{g.generation}"  # the fitted set the row belongs to
         # A generation's reference SKU is its set; only the others get a fitted gemm_eff multiplier (`calibrate.fit`).
@@ -144,7 +160,10 @@ class _Row:
         lay = self.layout
         # Inside one NVLink domain the scale-out fabric carries nothing: such rows share their cached steps.
         fab = f.key if row.gpus > n.nvlink_domain else ""
-        self._key = (g.key, n.key, fab, row.gpus, lay.tp, lay.pp, lay.vp, lay.cp, lay.mbs, lay.gbs, lay.fp8, lay.fp4)
+        self._key = (
+            g.key, n.key, fab, row.gpus, lay.tp, lay.pp, lay.vp, lay.cp, lay.mbs, lay.gbs, lay.fp8, lay.fp4,
+            lay.fp8_attention,
+        )  # fmt: skip
         self._uses_tp = lay.tp > 1
         self._uses_dp = lay.dp * lay.cp > 1
         self._comm_units = comm_init_units(lay)
@@ -166,6 +185,14 @@ class _Row:
         self._mid = (
             (sum(k[0] for k in kept) / len(kept), sum(k[1] for k in kept) / len(kept)) if kept else (math.nan, math.nan)
         )
+        self._post: _Row | None = None
+        if heal:
+            # The same row after the healing step: FP8 GEMMs (its own cache key, its own event ratio).
+            self._post = _Row.__new__(_Row)
+            self._post.__dict__.update(self.__dict__)
+            self._post.layout = replace(self.layout, fp4=False, fp4_healing_step=0)
+            self._post._key = (*self._key[:11], False, self.layout.fp8_attention)
+            self._post._post = None
 
     def step(self, eff: Efficiency, event: bool) -> StepResult:
         """The full step model (breakdown and all) at `eff`."""
@@ -211,7 +238,21 @@ class _Row:
         step, ev, warm = st or self.timing(eff, event)
         first = eff.eval_first_extra_s if conv.evals > 0 else 0.0
         pause = eff.pause_s * pauses(self.bench, conv.steps)
-        return (warm + pause + conv.steps * step + conv.evals * ev + first) / 60
+        steps, evals, post = self._split(eff, conv.steps, conv.evals, event)
+        return (warm + pause + steps * step + evals * ev + post + first) / 60
+
+    def _split(self, eff: Efficiency, steps: float, evals: float, event: bool) -> tuple[float, float, float]:
+        """(FP4 steps, FP4 evaluations, seconds after the healing step including the switch) of a run; all of it
+        FP4-or-other and 0 s without a switch."""
+        heal = self.layout.fp4_healing_step or 0
+        if self._post is None or steps <= heal:
+            return steps, evals, 0.0
+        b = mlperf.bench(self.bench)
+        split = mlperf.healing_split(
+            steps, evals, heal, mlperf.eval_interval_steps(self.bench, self.row.gbs), b.skipped_evals(self.row.gbs)
+        )
+        step8, ev8, _ = self._post.timing(eff, event)
+        return split.steps_fp4, split.evals_fp4, split.steps_fp8 * step8 + split.evals_fp8 * ev8 + eff.switch_s
 
     def run_minutes(self, eff: Efficiency, event: bool = False) -> list[float]:
         """Predicted minutes of each published run (inf for a run that did not converge)."""
@@ -223,18 +264,25 @@ class _Row:
         step, ev, warm = self.timing(eff)
         steps, evals = self._mid
         pause = eff.pause_s * pauses(self.bench, steps)
-        return math.log((warm + pause + steps * step + evals * ev + eff.eval_first_extra_s) / 60) - self._log_obs
+        steps, evals, post = self._split(eff, steps, evals, False)
+        return math.log((warm + pause + steps * step + evals * ev + post + eff.eval_first_extra_s) / 60) - self._log_obs
 
     def one_off_s(self, eff: Efficiency) -> float:
-        """Predicted one-off seconds of the row's median run: the release's one-off plus its recipe's pauses."""
-        return self.timing(eff, True)[2] + eff.pause_s * pauses(self.bench, self.median_steps)
+        """Predicted one-off seconds of the row's median run: the release's one-off plus its recipe's pauses and its
+        precision switch."""
+        switch = eff.switch_s if self._post is not None and self.median_steps > (self.layout.fp4_healing_step or 0) else 0
+        return self.timing(eff, True)[2] + eff.pause_s * pauses(self.bench, self.median_steps) + switch
 
-    def step_log_error(self, eff: Efficiency) -> float:
-        """log(predicted / measured) of the steady step (closed form scaled by the event ratio); the run minutes'
-        error for a row without measured terms."""
+    def step_sq_error(self, eff: Efficiency) -> float:
+        """Squared log(predicted / measured) of the steady step (closed form scaled by the event ratio), plus the
+        steady step after a precision switch where the logs measured one; the run minutes' for a row without
+        measured terms."""
         if self.terms is None:
-            return self.log_error(eff)
-        return math.log(self.timing(eff)[0] / self.terms.step_s)
+            return self.log_error(eff) ** 2
+        err = math.log(self.timing(eff)[0] / self.terms.step_s) ** 2
+        if self._post is not None and self.terms.step_post_switch_s > 0:
+            err += math.log(self._post.timing(eff)[0] / self.terms.step_post_switch_s) ** 2
+        return err
 
     def eval_forward_s(self, eff: Efficiency, event: bool = True) -> float:
         """The part of one evaluation that is forward passes and synchronisation (what `eval_fixed_s` comes on
@@ -243,8 +291,10 @@ class _Row:
         return ev - eff.eval_fixed_s
 
     def refresh_ratio(self, eff: Efficiency) -> None:
-        """Event-simulation / closed-form ratio of the core step at `eff`."""
+        """Event-simulation / closed-form ratio of the core step at `eff` (and of the post-switch row's)."""
         self.ratio = self.core(eff, True)[0] / self.core(eff, False)[0]
+        if self._post is not None:
+            self._post.refresh_ratio(eff)
 
 
 def prepare(

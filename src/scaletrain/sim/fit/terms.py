@@ -55,6 +55,11 @@ class MeasuredTerms:
     """The file the runs came from."""
     software: str = ""
     """The software release most of the row's runs ran (the terms file's `software` label, e.g. "NeMo 24.09")."""
+    switch_step: int = 0
+    """The optimizer step at which the runs change precision (LoRA FP4 healing to FP8), as their logs show it; 0 =
+    no switch. step_s and eval_s are the steps and evaluations before it."""
+    step_post_switch_s: float = 0.0
+    """Steady seconds per step after the switch (0 without one)."""
 
     @property
     def key(self) -> tuple[str, str, str, int]:
@@ -77,6 +82,7 @@ def load_terms(paths: list[Path]) -> dict[tuple[str, str, str, int], MeasuredTer
     runs: dict[tuple[str, str, str, int], list[dict[str, float]]] = {}
     sources: dict[tuple[str, str, str, int], str] = {}
     labels: dict[tuple[str, str, str, int], list[str]] = {}
+    switches: dict[tuple[str, str, str, int], list[tuple[int, float]]] = {}
     for path in paths:
         try:
             text = Path(path).read_text(encoding="utf-8")
@@ -101,6 +107,12 @@ def load_terms(paths: list[Path]) -> dict[tuple[str, str, str, int], MeasuredTer
             runs.setdefault(key, []).append(values)
             sources.setdefault(key, str(path))
             labels.setdefault(key, []).append(rec.get("software") or "")
+            switch = (rec.get("precision_switch_step") or "").strip()
+            if switch:
+                switches.setdefault(key, []).append(
+                    (int(_number(switch, "precision_switch_step", where)),
+                     _number(rec.get("step_s_post_switch") or "nan", "step_s_post_switch", where))
+                )
 
     def median(rs: list[dict[str, float]], column: str) -> float:
         return statistics.median(r[column] for r in rs)
@@ -119,6 +131,8 @@ def load_terms(paths: list[Path]) -> dict[tuple[str, str, str, int], MeasuredTer
             samples_to_converge=median(rs, "samples_to_converge"),
             source=sources[key],
             software=max(sorted(set(labels[key])), key=labels[key].count),
+            switch_step=min(x for x, _ in switches[key]) if key in switches else 0,
+            step_post_switch_s=statistics.median(y for _, y in switches[key]) if key in switches else 0.0,
         )
         for key, rs in runs.items()
     }
