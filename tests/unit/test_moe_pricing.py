@@ -153,3 +153,13 @@ def test_all_to_all_across_nvl72_racks_pays_the_fabric_tiers_of_the_trays_it_spa
     assert cl.fabric.tiers(36 * cl.node.nics) == 2 and cl.fabric.tiers(2 * cl.node.nics) == 1
     inter = cl.net_alpha_us(36) * 1e-6 + 72 / 144 * size / nic
     assert cl.all_to_all(144, size) == pytest.approx(inter, rel=1e-9)
+
+
+def test_a_gpu_without_fp8_moves_bf16_operands():
+    """A100 has no FP8 tensor cores: an FP8 layout's expert GEMMs run, and read their weights, in bf16."""
+    a100 = load_catalog().gpu("a100")
+    assert a100.matmul_fp8_tflops == 0
+    for rows in (64, 8192):
+        assert grouped_gemm_time(a100, 8 * rows, N, K, 8, True, 1.0) == grouped_gemm_time(
+            a100, 8 * rows, N, K, 8, False, 1.0
+        )

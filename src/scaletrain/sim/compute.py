@@ -113,7 +113,7 @@ def grouped_gemm_time(
     Few rows per expert make the weight reads the limit: time is nearly flat in m_e below the crossover m_e ~ compute
     rate / (2 * hbm rate) * weight bytes per element (about 240 rows for an FP8 fprop on H100, ~1,900 for the fp32
     wgrad), and converges to FLOPs / compute rate above it. A forward over the experts' weights at small m is
-    therefore a weight stream, as in DeepGEMM's published H800 rates (docs/perf-model.md, MoE)."""
+    therefore a weight stream, as DeepGEMM's published H800 rates show (docs/perf-model.md, Mixture-of-Experts)."""
     if kind not in GROUPED_PASSES:
         raise ValueError(f"grouped GEMM pass {kind!r}: expected one of {', '.join(GROUPED_PASSES)}")
     groups = max(1, groups)
@@ -135,7 +135,8 @@ def grouped_gemm_time(
     else:
         ceiling = gpu.matmul_fp8_tflops if fp8 and gpu.matmul_fp8_tflops > 0 else gpu.matmul_bf16_tflops
         rate, launch = ceiling * TB * eff, gpu.kernel_us * 1e-6
-    operand = _FP4_BYTES if low else (_FP8_BYTES if fp8 else _BF16_BYTES)
+    # A GPU without FP8 tensor cores runs an FP8 layout's GEMMs in bf16 (`gemm_time`), operands included.
+    operand = _FP4_BYTES if low else (_FP8_BYTES if fp8 and gpu.matmul_fp8_tflops > 0 else _BF16_BYTES)
     if kind == "fprop":
         moved = operand * (n * k + rows * k) + _BF16_BYTES * rows * n
     elif kind == "dgrad":
