@@ -266,8 +266,9 @@ def test_plan_searches_expert_parallelism():
 
 
 def test_grouped_gemm_pays_for_its_groups_tiles():
-    """A grouped GEMM is priced by its groups: rows padded to the 128-row tile, one launch; equal to one GEMM of the
-    same FLOPs when every group fills whole tiles, slower when the experts get a few rows each."""
+    """A grouped GEMM is priced by its groups: rows padded to the 128-row tile, each expert's weight read whatever its
+    rows, one launch; equal to one GEMM of the same FLOPs when every group fills whole tiles at a compute-bound size,
+    slower when the experts get a few rows each (there the weights' HBM reads set the time)."""
     from scaletrain.sim.catalog import load_catalog
     from scaletrain.sim.compute import gemm_time, grouped_gemm_time
 
@@ -275,7 +276,11 @@ def test_grouped_gemm_pays_for_its_groups_tiles():
     n, k = 4096, 7168
     whole = grouped_gemm_time(gpu, 8 * 1024, n, k, 8, False, 0.8)
     assert whole == pytest.approx(gemm_time(gpu, 2.0 * 8 * 1024 * n * k, False, 0.8))
-    # 256 experts sharing 8,192 rows: 32 rows each, padded to 128 -> 4x the GEMM work of the same FLOPs.
+    # 256 experts sharing 8,192 rows: 32 rows each; a 128-row tile of FLOPs (4x the work) or the bf16 weight read,
+    # whichever is longer, per expert.
     sparse = grouped_gemm_time(gpu, 8 * 1024, n, k, 256, False, 0.8)
     launch = gpu.kernel_us * 1e-6
-    assert sparse - launch == pytest.approx(4 * (whole - launch))
+    tile = 2.0 * 128 * n * k / (gpu.matmul_bf16_tflops * 1e12 * 0.8)
+    read = (2 * (n * k + 32 * k) + 2 * 32 * n) / (gpu.hbm_copy_tbps * 1e12)
+    assert read > tile and sparse - launch == pytest.approx(256 * read, rel=1e-6)
+    assert sparse - launch > 4 * (whole - launch)

@@ -129,7 +129,10 @@ class Cluster:
         )
         if k == 1:
             return intra
-        inter = (k - 1) * self.net_alpha_us(k) * 1e-6 + (n - g) / n * size / (
+        # The fabric's latency grows with the switch tiers between the nodes the group spans: k domains of
+        # nvlink_domain / gpus_per_node nodes each (18 trays of an NVL72 rack, one HGX board), as in `collective`.
+        nodes_spanned = k * max(1, self.node.nvlink_domain // self.node.gpus_per_node) if g > 1 else k
+        inter = (k - 1) * self.net_alpha_us(nodes_spanned) * 1e-6 + (n - g) / n * size / (
             self.fabric.busbw_gbps * self.nic_share * GB
         )
         return max(intra, inter)

@@ -17,6 +17,7 @@ input and writes a smaller copy plus block scales: no more traffic than the FP8 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from scaletrain.sim.catalog import GPU
@@ -61,26 +62,92 @@ def gemm_time(gpu: GPU, flops: float, fp8: bool, eff: float, fp4: bool = False, 
 
 
 GROUPED_TILE_ROWS = 128
-"""Row tile of a grouped GEMM kernel (CUTLASS's grouped GEMMs and torch._grouped_mm use 128-row tiles): each
-expert's rows are padded to a multiple of it."""
+"""Row tile of a grouped GEMM kernel (CUTLASS's grouped GEMMs and torch._grouped_mm use 128-row tiles, DeepGEMM's
+contiguous layout aligns each expert's rows to its 128-row M block): each expert's rows are padded to a multiple
+of it."""
+
+# Bytes per element of a GEMM operand in HBM. bf16: 2. FP8: 1 plus MXFP8 block scales, one 8-bit E8M0 scale per 32
+# elements (OCP Microscaling Formats v1.0; Blackwell's FP8 recipes), so 1 + 1/32; Hopper's per-tensor or 128x128
+# block scales carry less (1 byte, within 3%). FP4: NVFP4, 4-bit values plus one E4M3 scale per 16 elements
+# (NVIDIA, "Introducing NVFP4", 2025), 0.5 + 1/16; CDNA 4's MXFP4 (one scale per 32) is 0.5 + 1/32, 6% less on the
+# weights: the FP4 figure is the larger of the two.
+_BF16_BYTES = 2.0
+_FP8_BYTES = 1.0 + 1.0 / 32
+_FP4_BYTES = 0.5 + 1.0 / 16
+
+GROUPED_PASSES = ("fprop", "dgrad", "wgrad")
+"""The three GEMMs of a linear layer: forward Y = X W, data gradient dX = dY W^T, weight gradient dW = X^T dY."""
 
 
 def grouped_gemm_time(
-    gpu: GPU, m: float, n: int, k: int, groups: int, fp8: bool, eff: float, fp4: bool = False, fp4_eff: float = 1.0
+    gpu: GPU,
+    m: float,
+    n: int,
+    k: int,
+    groups: int,
+    fp8: bool,
+    eff: float,
+    fp4: bool = False,
+    fp4_eff: float = 1.0,
+    kind: str = "fprop",
+    grad_bytes: float = 4.0,
 ) -> float:
-    """Seconds for one grouped GEMM of `m` rows split evenly over `groups` experts, each [rows, k] x [k, n].
+    """Seconds for one grouped GEMM pass over `groups` experts of one weight [k, n] each, sharing `m` routed rows.
 
-    Its efficiency is that of its groups, not of one GEMM of the same FLOPs: each group's rows are padded to the
-    kernel's row tile (`GROUPED_TILE_ROWS`), and a measured GEMM curve is read at one group's size. It is one
-    kernel, so the launch cost is paid once."""
+    Each expert runs its own GEMM inside one kernel (one launch, `gpu.kernel_us`, paid once). The rows are routed
+    independently, so E(1 - (1 - 1/E)^m) of the E experts get any (all of them once m is a few times E) and those
+    share the rows evenly, m_e each. One expert's time is the roofline of its two limits:
+
+        time_e = max(flops_e / compute rate, bytes_e / hbm_copy_tbps)
+
+    - flops_e = 2 * pad(m_e) * n * k, pad rounding up to the kernel's 128-row tile (`GROUPED_TILE_ROWS`): a tile
+      computes all its rows whether routed rows fill it or not. The compute rate is the measured GEMM ceiling in
+      that precision times the release efficiency `eff` (FP4: the FP4 ceiling times `fp4_eff` too), or, where the
+      catalog has a measured curve, the curve read at one expert's padded FLOPs (no separate launch cost then: the
+      curve holds it).
+    - bytes_e is what the pass must move through HBM at the operands' precisions (FP8/FP4 with their block scales,
+      outputs bf16): the expert's whole weight whatever m_e is, plus its rows.
+        fprop  reads W [k, n] and X [m_e, k], writes Y [m_e, n] (bf16);
+        dgrad  reads W and dY [m_e, n], writes dX [m_e, k] (bf16);
+        wgrad  reads X and dY and accumulates dW [k, n] into the main gradient (read and write `grad_bytes` each:
+               Megatron's gradient-accumulation fusion, fp32 unless gradients are kept in bf16).
+      The HBM rate is the measured copy bandwidth, not scaled by `eff` (that efficiency is the GEMM kernels').
+
+    Few rows per expert make the weight reads the limit: time is nearly flat in m_e below the crossover m_e ~ compute
+    rate / (2 * hbm rate) * weight bytes per element (about 240 rows for an FP8 fprop on H100, ~1,900 for the fp32
+    wgrad), and converges to FLOPs / compute rate above it. A forward over the experts' weights at small m is
+    therefore a weight stream, as DeepGEMM's published H800 rates show (docs/perf-model.md, Mixture-of-Experts)."""
+    if kind not in GROUPED_PASSES:
+        raise ValueError(f"grouped GEMM pass {kind!r}: expected one of {', '.join(GROUPED_PASSES)}")
     groups = max(1, groups)
-    rows = m / groups
-    padded = -(-rows // GROUPED_TILE_ROWS) * GROUPED_TILE_ROWS if rows > 0 else 0.0
-    flops = 2.0 * groups * padded * n * k
+    if m <= 0:
+        return 0.0
+    # Experts that receive any of the m rows (each row lands on one of the E experts at random) share them evenly.
+    touched = groups * -math.expm1(m * math.log1p(-1.0 / groups)) if groups > 1 else 1.0
+    rows = m / touched
+    padded = math.ceil(rows / GROUPED_TILE_ROWS) * GROUPED_TILE_ROWS
+    flops = 2.0 * padded * n * k
+    low = fp4 and fp8 and gpu.matmul_fp4_tflops > 0
     curve = gpu.gemm_curve_fp8 if fp8 else gpu.gemm_curve_bf16
-    if curve and not (fp4 and fp8 and gpu.matmul_fp4_tflops > 0):
-        return flops / (_interp_curve(curve, 2.0 * padded * n * k / 1e9) * TB * eff)
-    return gemm_time(gpu, flops, fp8, eff, fp4=fp4, fp4_eff=fp4_eff)
+    launch = 0.0
+    if curve and not low:
+        rate = _interp_curve(curve, flops / 1e9) * TB * eff
+    elif low:
+        # No measured FP4 curve exists yet: the ceiling and one launch.
+        rate, launch = gpu.matmul_fp4_tflops * TB * eff * fp4_eff, gpu.kernel_us * 1e-6
+    else:
+        ceiling = gpu.matmul_fp8_tflops if fp8 and gpu.matmul_fp8_tflops > 0 else gpu.matmul_bf16_tflops
+        rate, launch = ceiling * TB * eff, gpu.kernel_us * 1e-6
+    # A GPU without FP8 tensor cores runs an FP8 layout's GEMMs in bf16 (`gemm_time`), operands included.
+    operand = _FP4_BYTES if low else (_FP8_BYTES if fp8 and gpu.matmul_fp8_tflops > 0 else _BF16_BYTES)
+    if kind == "fprop":
+        moved = operand * (n * k + rows * k) + _BF16_BYTES * rows * n
+    elif kind == "dgrad":
+        moved = operand * (n * k + rows * n) + _BF16_BYTES * rows * k
+    else:
+        moved = operand * rows * (k + n) + 2 * grad_bytes * n * k
+    per_expert = max(flops / rate, moved / (gpu.hbm_copy_tbps * TB))
+    return touched * per_expert + launch
 
 
 def _interp_curve(curve, gflop: float) -> float:
@@ -146,13 +213,22 @@ def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float, f
     for g, (m, n, k) in zip(w.inventory.layer, layer_gemms(w, layout)):
         fp8 = layout.fp8 and g.fp8
         if g.experts > 1:
-            # Routed experts: one grouped GEMM over this rank's experts, each with its share of the rows; the layer
-            # waits for the busiest expert rank; leading dense layers have none.
+            # Routed experts: one grouped GEMM per pass over this rank's experts. The layer waits for the busiest
+            # expert rank, which receives moe_imbalance times the mean rows (its weights are read once whatever
+            # the rows, so imbalance costs little where the experts are memory-bound); leading dense layers have
+            # none, hence the MoE share.
             local = max(1, g.experts // max(1, layout.ep))
-            one = grouped_gemm_time(gpu, m, n, k, local, fp8, gemm_eff, fp4=layout.fp4, fp4_eff=fp4_eff)
-            one *= layout.moe_imbalance * moe_share(w)
-        else:
-            one = gemm_time(gpu, 2.0 * m * n * k, fp8, gemm_eff, fp4=layout.fp4, fp4_eff=fp4_eff)
+            rows = m * layout.moe_imbalance
+            grad_bytes = 2.0 if layout.bf16_grads else 4.0
+            passes = {
+                kind: grouped_gemm_time(gpu, rows, n, k, local, fp8, gemm_eff, layout.fp4, fp4_eff, kind, grad_bytes)
+                for kind in GROUPED_PASSES
+                if g.trainable or kind != "wgrad"
+            }
+            gemm_f += passes["fprop"] * moe_share(w)
+            gemm_b += (passes["dgrad"] + passes.get("wgrad", 0.0)) * moe_share(w)
+            continue
+        one = gemm_time(gpu, 2.0 * m * n * k, fp8, gemm_eff, fp4=layout.fp4, fp4_eff=fp4_eff)
         if g.name == "router" or g.name.startswith("shared."):
             one *= moe_share(w)
         gemm_f += one

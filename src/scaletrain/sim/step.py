@@ -79,16 +79,27 @@ def _cp_hop(w: Workload, layout: ClusterLayout, cl: Cluster) -> float:
     return cl.p2p(kv, same_domain=layout.tp * c <= cl.node.nvlink_domain)
 
 
+EP_STRIDE = 1
+"""Rank distance between consecutive members of an expert-parallel group. Megatron-Core builds expert groups with
+their own rank generator (`expert_decoder_rank_generator`: tp = expert tensor parallel size, cp = 1, order
+tp-cp-ep-dp-pp, "MoE parallel folding"), so an EP group's stride is the expert tensor-parallel degree, 1 here
+(whole experts), and the group folds over the tp and cp ranks of the attention layers; this trainer's expert mesh
+does the same (parallel/layout.py: ep innermost over dp_shard x cp x tp). An EP group of ep ranks therefore stays in
+one NVLink domain when ep <= the domain's GPUs, whatever tp and cp are."""
+
+
 def _a2a_comm(w: Workload, layout: ClusterLayout, cl: Cluster) -> float:
     """All-to-all seconds per layer per micro-batch forward (dispatch plus combine; backward moves the same), averaged
     over the layers (the leading dense ones have none). Each rank sends its sequence shard's tokens, top-k copies of
-    each: FP8 to dispatch under an FP8 recipe, bf16 back."""
+    each: FP8 to dispatch under an FP8 recipe, bf16 back. The busiest expert rank receives moe_imbalance times the
+    mean, which sets the time. The group's placement (`EP_STRIDE`) decides which share crosses the fabric
+    (`Cluster.all_to_all`)."""
     if not w.shape.experts or layout.ep <= 1:
         return 0.0
     tokens = layout.mbs * w.seq_len // layout.cp // layout.tp
     routed = tokens * w.shape.top_k * w.shape.hidden * layout.moe_imbalance
-    dispatch = cl.collective("all_to_all", layout.ep, routed * (1 if layout.fp8 else BF16))
-    combine = cl.collective("all_to_all", layout.ep, routed * BF16)
+    dispatch = cl.collective("all_to_all", layout.ep, routed * (1 if layout.fp8 else BF16), stride=EP_STRIDE)
+    combine = cl.collective("all_to_all", layout.ep, routed * BF16, stride=EP_STRIDE)
     return (dispatch + combine) * compute.moe_share(w)
 
 
