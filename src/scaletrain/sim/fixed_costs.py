@@ -82,7 +82,7 @@ def step_sync_s(gpus: int, domains: int, busy_s: float, eff: Efficiency) -> tupl
     fabric costs a network round trip plus the host work around it, so the tree term counts domains: log2(domains).
     The straggler term counts GPUs: each one's clocks, thermals and kernel timing jitter on its own.
     """
-    sync = eff.sync_log2_s * math.log2(domains) if domains > 1 else 0.0
+    sync = eff.sync_log2_s * math.log2(domains) + eff.fabric_sync_s if domains > 1 else 0.0
     return sync, eff.straggler_cv * expected_max_normal(gpus) * busy_s
 
 
@@ -94,4 +94,4 @@ def domains(gpus: int, nvlink_domain: int) -> int:
 def eval_fixed_s(domains: int, eff: Efficiency) -> float:
     """Seconds per evaluation besides its forward passes: the fixed switch-over plus one tree synchronisation over
     `domains` NVLink domains."""
-    return eff.eval_fixed_s + (eff.sync_log2_s * math.log2(domains) if domains > 1 else 0.0)
+    return eff.eval_fixed_s + (eff.sync_log2_s * math.log2(domains) + eff.fabric_sync_s if domains > 1 else 0.0)

@@ -124,7 +124,7 @@ def _published_run(bench: str, gbs: int, converge: int, round_: str = "") -> mlp
     return conv
 
 
-_NO_FIXED = {"step_overhead_s": 0.0, "sync_log2_s": 0.0, "straggler_cv": 0.0}
+_NO_FIXED = {"step_overhead_s": 0.0, "sync_log2_s": 0.0, "fabric_sync_s": 0.0, "straggler_cv": 0.0}
 _CORE_CACHE: dict[tuple, tuple[float, float, float]] = {}
 _CORE_CACHE_MAX = 400_000
 
@@ -169,6 +169,7 @@ class _Row:
         self._comm_units = comm_init_units(lay)
         self._max_n = expected_max_normal(row.gpus)
         self._log2d = math.log2(domains(row.gpus, n.nvlink_domain))
+        self._crosses = 1.0 if domains(row.gpus, n.nvlink_domain) > 1 else 0.0
         # One evaluation's forward passes = this factor x the busiest rank's forward time (predict.eval_time).
         self._eval_passes = eval_passes(self.w, lay, mlperf.bench(self.bench).eval_tokens)
         self._rank_layers = -(-self.w.shape.layers // lay.pp)
@@ -226,10 +227,11 @@ class _Row:
             core * scale
             + eff.step_overhead_s
             + eff.sync_log2_s * self._log2d
+            + eff.fabric_sync_s * self._crosses
             + eff.straggler_cv * self._max_n * makespan * scale
         )
         ev = self._eval_passes * max(fwd / eff.eval_eff, self._rank_layers * eff.eval_host_layer_s)
-        ev += eff.eval_fixed_s + eff.sync_log2_s * self._log2d
+        ev += eff.eval_fixed_s + eff.sync_log2_s * self._log2d + eff.fabric_sync_s * self._crosses
         warm = eff.one_off_s + eff.warmup_steps * step + eff.comm_init_s * self._comm_units
         return step, ev, warm
 
