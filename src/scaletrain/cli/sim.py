@@ -15,17 +15,18 @@ from pathlib import Path
 from scaletrain import benchmarks
 from scaletrain.cli.calibrate_modes import calibrate_from_runs, calibrate_layer_timings
 from scaletrain.cli.run_lines import plan_run_lines, print_run_lines
-from scaletrain.cli.validate_report import print_terms, print_validation
+from scaletrain.cli.validate_report import print_rates, print_terms, print_validation
 from scaletrain.config_bounds import DEGREE_MAX, TOP_MAX, float_flag, int_flag
 from scaletrain.log import get_logger
 from scaletrain.parallel.sim_layout import sim_inputs
 from scaletrain.sim.catalog import DEFAULT_GPU, Catalog, load_catalog, shipped_keys
-from scaletrain.sim.efficiency import efficiency_for
+from scaletrain.sim.efficiency import efficiency_for, load_efficiencies
 from scaletrain.sim.fit import calibrate as cal
 from scaletrain.sim.fit.results import bundled_results, bundled_skipped, load_results
 from scaletrain.sim.fit.terms import bundled_terms, score_terms, terms_summary
 from scaletrain.sim.fit.validate import cross_validate, cv_json, default_jobs, score_dict
 from scaletrain.sim.predict import Prediction, benchmark_of, predict
+from scaletrain.sim.rate_bounds import PEAK_FRACTION, largest_by_kind, rate_table
 from scaletrain.sim.workload import ClusterLayout, load_config, load_workload
 
 log = get_logger(__name__)
@@ -252,8 +253,11 @@ def _row_eff(r, cat: Catalog):
 
 
 def cmd_validate(args) -> int:
-    """Predicted vs published time-to-train for every row of results CSVs (default: the calibration rows)."""
+    """Predicted vs published time-to-train for every row of results CSVs (default: the calibration rows); with
+    --rates, the fitted sets' effective GEMM and attention rates against the datasheet peaks instead."""
     cat = load_catalog(args.catalog)
+    if args.rates:
+        return _validate_rates(args, cat)
     rows, errors = _results(args.results, cat)
     ready, bad = cal.prepare(rows, cat)
     errors += [(_where(r), why) for r, why in bad]
@@ -288,6 +292,32 @@ def cmd_validate(args) -> int:
     if terms is not None:
         print_terms(terms["summary"], len(ready) - len(terms["rows"]))
     return 0 if scores else 1
+
+
+def _validate_rates(args, cat: Catalog) -> int:
+    """`sim validate --rates`: every fitted set x GPU x benchmark's effective rates as % of the datasheet peak
+    (`sim/rate_bounds.py`); 1 when one passes the bound, so a script can check a fit with it."""
+    given = [flag for flag, on in (("--results", args.results), ("--cv", args.cv), ("--terms", args.terms)) if on]
+    if given:
+        raise ValueError(f"sim validate --rates checks the fitted sets, not results rows: drop {', '.join(given)}")
+    rows = sorted(rate_table(load_efficiencies(), cat), key=lambda r: -r.pct)
+    over = sum(r.pct > 100 * PEAK_FRACTION for r in rows)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "peak_fraction": PEAK_FRACTION,
+                    "rates": len(rows),
+                    "above_bound": over,
+                    "largest": {k: r.to_dict() for k, r in largest_by_kind(rows).items()},
+                    "rows": [r.to_dict() for r in rows],
+                },
+                indent=2,
+            )
+        )
+    else:
+        print_rates(rows)
+    return 1 if over else 0
 
 
 def _first_nonfinite(doc, where: str = "") -> tuple[str, float] | None:
@@ -600,6 +630,13 @@ def _add_validate(ssub) -> None:
         action="store_true",
         help="also score each term against the rows' public logs (sim/data/mlperf_terms): the predicted step, "
         "evaluation and timed warm-up against the measured steady step, steady evaluation and one-off seconds",
+    )
+    v.add_argument(
+        "--rates",
+        action="store_true",
+        help="instead of scoring rows, check the fitted sets against the hardware: every set x GPU x benchmark's "
+        "effective GEMM (bf16, FP8, FP4) and attention rate as a percentage of the datasheet dense peak, the largest "
+        "per kind and the largest overall (exit 1 when one is above 90%%, the bound of sim/rate_bounds.py)",
     )
     v.set_defaults(func=cmd_validate)
 

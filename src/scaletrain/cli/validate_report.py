@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from scaletrain.sim.fit.terms import ONE_OFF_FLOOR_S, terms_summary
 from scaletrain.sim.fit.validate import CV_TITLE, cv_summary, own_fit_note
+from scaletrain.sim.rate_bounds import PEAK_FRACTION, RateRow, largest_by_kind
 
 
 def print_validation(scores: list, summary: dict, by_bench: dict, errors: list, cv: dict | None) -> None:
@@ -104,3 +105,38 @@ def print_terms(summary: dict, unmatched: int, header: bool = True) -> None:
             )
     if unmatched:
         print(f"{unmatched} scored rows have no terms (not a calibration row)")
+
+
+def _benchmarks_text(rows: list[RateRow], every: set) -> str:
+    if {r.benchmark for r in rows} == every:
+        return "every model"
+    return ", ".join(r.benchmark or "other models" for r in rows)
+
+
+def print_rates(rows: list[RateRow], top: int = 10) -> None:
+    """`sim validate --rates`: the largest effective rate of each kind as a % of its datasheet peak, then the `top`
+    largest rates (benchmarks with the same rate on one line) and how many pass the bound."""
+    bound = 100 * PEAK_FRACTION
+    print(
+        f"effective GEMM and attention rates of every fitted set x GPU x benchmark ({len(rows):,} rates), as % of "
+        f"the datasheet dense peak; bound {bound:g}%"
+    )
+    print("largest per kind:")
+    for kind, r in largest_by_kind(rows).items():
+        print(
+            f"  {kind:10} {r.pct:6.1f}%  {r.tflops:7,.0f} of {r.peak_tflops:7,.0f} TFLOP/s  {r.gpu} under {r.set} "
+            f"({r.basis} ceiling)"
+        )
+    # Benchmarks a set prices alike (no own multiplier) share one line.
+    groups: dict[tuple, list[RateRow]] = {}
+    for r in sorted(rows, key=lambda r: -r.pct):
+        groups.setdefault((r.set, r.gpu, r.kind, round(r.tflops, 3)), []).append(r)
+    every = {r.benchmark for r in rows}
+    over = sum(r.pct > bound for r in rows)
+    print(f"{over:,} of {len(rows):,} rates above {bound:g}%; the largest:")
+    for group in list(groups.values())[:top]:
+        r = group[0]
+        print(
+            f"  {r.pct:6.1f}%  {r.kind:10} {r.gpu:8} {r.set:28} {r.tflops:7,.0f} of {r.peak_tflops:7,.0f} TFLOP/s "
+            f"({r.basis})  {_benchmarks_text(group, every)}"
+        )

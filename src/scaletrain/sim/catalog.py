@@ -31,6 +31,15 @@ class CatalogError(ValueError):
     """A catalog entry is missing, unknown or malformed; the message names the file and entry."""
 
 
+CEILINGS = ("matmul_bf16", "matmul_fp8", "matmul_fp4", "attn")
+"""A GPU's kernel ceilings, each the `<name>_tflops` field: the large-GEMM rate per precision and the flash-attention
+forward rate the compute model prices against (`sim/compute.py`)."""
+
+MEASURED, DERIVED = "measured", "derived"
+"""A ceiling's basis (`GPU.ceiling_basis`): a public measurement, or derived from other figures. Derived is the
+default: a value nobody says was measured is not counted as one."""
+
+
 @dataclass(frozen=True)
 class GPU:
     """One accelerator: dense peaks, measured ceilings, memory."""
@@ -66,6 +75,17 @@ class GPU:
     name_patterns: tuple[str, ...] = ()
     """Regular expressions that find this GPU in a device name or accelerator text (`Catalog.gpu_for_device`);
     empty = the key itself."""
+    ceiling_basis: tuple[tuple[str, str], ...] = tuple((c, DERIVED) for c in CEILINGS)
+    """(ceiling, "measured" | "derived") for each of CEILINGS, in that order: whether the ceiling is a public
+    measurement or derived from other figures (a peak times a measured part's ceiling/peak, an assumed speed-up).
+    In TOML an inline table, `ceiling_basis = {matmul_bf16 = "measured", ...}`; a ceiling it leaves out is
+    "derived", and so is one that an override entry changes without saying its basis, unless a measured GEMM
+    curve (gemm_curve_<dtype>) replaces it."""
+
+    def basis(self, ceiling: str) -> str:
+        """The basis of the `<ceiling>_tflops` field, "measured" or "derived"; `ceiling` is one of CEILINGS
+        ("matmul_bf16", "matmul_fp8", "matmul_fp4", "attn")."""
+        return dict(self.ceiling_basis)[ceiling]
 
 
 @dataclass(frozen=True)
@@ -212,6 +232,8 @@ def _build(kind: str, key: str, table: dict, where: str, base=None):
     cls = _KINDS[kind]
     if not isinstance(table, dict):
         raise CatalogError(f"{where}: [{kind}.{key}] must be a table of fields, got {table!r}")
+    if kind == "gpus":
+        table = _with_basis(table, key, where, base)
     if base is not None:
         # Overriding a known entry: only the fields given change.
         table = {**{f.name: getattr(base, f.name) for f in fields(cls) if f.name != "key"}, **table}
@@ -246,6 +268,8 @@ def _build(kind: str, key: str, table: dict, where: str, base=None):
                     raise ValueError("must be true or false")
             elif f.type in ("tuple",):
                 value = tuple((float(a), float(b)) for a, b in value)
+            elif f.name == "ceiling_basis":
+                pass  # already checked and normalised by _with_basis
             elif f.type == "tuple[str, ...]":
                 if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) and p for p in value):
                     raise ValueError("must be a list of regular expressions")
@@ -265,6 +289,32 @@ def _build(kind: str, key: str, table: dict, where: str, base=None):
     if kind == "fabrics" and values.get("radix", 3) < 3:
         raise CatalogError(f"{where}: [{kind}.{key}] radix={values['radix']}: a switch needs at least 3 ports")
     return cls(key=key.lower(), **values)
+
+
+def _with_basis(table: dict, key: str, where: str, base: GPU | None) -> dict:
+    """`table` with its ceiling_basis checked and normalised to GPU.ceiling_basis's form: the base entry's basis
+    (all derived for a new entry), each ceiling the table changes reset to derived, then the table's own mapping."""
+    given = table.get("ceiling_basis", {})
+    if not isinstance(given, dict):
+        raise CatalogError(
+            f'{where}: [gpus.{key}] ceiling_basis={given!r}: must be a table such as {{matmul_bf16 = "measured"}}'
+        )
+    for name, value in given.items():
+        if name not in CEILINGS:
+            raise CatalogError(
+                f"{where}: [gpus.{key}] ceiling_basis.{name}: unknown ceiling (use {', '.join(CEILINGS)})"
+            )
+        if value not in (MEASURED, DERIVED):
+            raise CatalogError(
+                f"{where}: [gpus.{key}] ceiling_basis.{name}={value!r}: must be {MEASURED!r} or {DERIVED!r}"
+            )
+    basis = dict(base.ceiling_basis) if base is not None else {c: DERIVED for c in CEILINGS}
+    # A ceiling the file replaces without saying how it was obtained is not the shipped measurement any more; one a
+    # GEMM curve replaces is measured, as every curve is (`sim calibrate --layer-timings` writes them).
+    basis.update({c: DERIVED for c in CEILINGS if f"{c}_tflops" in table})
+    basis.update({f"matmul_{d}": MEASURED for d in ("bf16", "fp8") if table.get(f"gemm_curve_{d}")})
+    basis.update(given)
+    return {**table, "ceiling_basis": tuple((c, basis[c]) for c in CEILINGS)}
 
 
 def _merge_file(cat: Catalog, text: str, where: str, nested: str | None) -> None:

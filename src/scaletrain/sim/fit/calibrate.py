@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from scaletrain.sim import mlperf
-from scaletrain.sim.catalog import Catalog
+from scaletrain.sim.catalog import CEILINGS, MEASURED, Catalog
 from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import (
     OWN_FIT,
@@ -615,4 +615,8 @@ def catalog_toml(key: str, fields_: dict, source: str) -> str:
         else:
             value = f"{value:.6g}"
         lines.append(f"{name} = {value}")
+    # Every ceiling written here was measured on this GPU: say so, or the catalog counts it as derived.
+    measured = [c for c in CEILINGS if f"{c}_tflops" in fields_]
+    if measured:
+        lines.append("ceiling_basis = {" + ", ".join(f'{c} = "{MEASURED}"' for c in measured) + "}")
     return "\n".join(lines) + "\n"
