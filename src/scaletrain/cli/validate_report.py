@@ -3,9 +3,10 @@ benchmark, the rows skipped and, with --cv, the out-of-sample table (`sim/fit/va
 
 from __future__ import annotations
 
+from scaletrain.sim.fit.rate_table import RateRow, largest_by_kind
 from scaletrain.sim.fit.terms import ONE_OFF_FLOOR_S, terms_summary
 from scaletrain.sim.fit.validate import CV_TITLE, cv_summary, own_fit_note
-from scaletrain.sim.rate_bounds import PEAK_FRACTION, RateRow, largest_by_kind
+from scaletrain.sim.rate_bounds import PEAK_FRACTION
 
 
 def print_validation(scores: list, summary: dict, by_bench: dict, errors: list, cv: dict | None) -> None:

@@ -4,19 +4,28 @@ A fitted set prices a GEMM at its GPU's kernel ceiling times `gemm_eff` (times t
 multipliers, `efficiency.specialise`), and flash attention at `attn_tflops` times the same gemm_eff
 (`sim/compute.py`). Nothing in the least-squares fit stops that product from passing the hardware's dense peak, where
 it stops being a rate any kernel reaches and becomes a term absorbing another term's error (issue #28: GB300 FP8 at
-104% of its peak under the v5.1 set). This module states the bound, computes the rates a set gives on a GPU, the
-largest gemm_eff the bound allows (what the fit clamps to), and the table of every fitted set x GPU x benchmark
-that `scaletrain sim validate --rates` prints and the tests check. Torch-free.
+104% of its peak under the v5.1 set). This module states the bound, computes the rates a set gives on a GPU and the
+largest gemm_eff the bound allows (what `efficiency.efficiency_for` and the fit clamp to); `sim/fit/rate_table.py`
+enumerates every fitted set x GPU x benchmark for `scaletrain sim validate --rates` and the tests. Torch-free.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from typing import Protocol
 
-from scaletrain import benchmarks
-from scaletrain.sim.catalog import GPU, MEASURED, Catalog
-from scaletrain.sim.efficiency import Efficiency, _release_key, _set_for, specialise
+from scaletrain.sim.catalog import GPU, MEASURED
+
+
+class Efficiency(Protocol):
+    """What the bound reads of an `efficiency.Efficiency` (which imports this module to cap every set it hands out)."""
+
+    @property
+    def gemm_eff(self) -> float: ...
+
+    @property
+    def fp4_eff(self) -> float: ...
+
 
 PEAK_FRACTION = 0.9
 """Largest effective rate, as a fraction of the datasheet dense peak, that any fitted set may give a GEMM or
@@ -81,66 +90,3 @@ def max_gemm_eff(gpu: GPU, fp4_eff: float = 1.0) -> float:
         if ceiling > 0 and (kind != "gemm_fp4" or fp4_eff > 0)
     ]
     return min(limits, default=math.inf)
-
-
-@dataclass(frozen=True)
-class RateRow:
-    """One effective rate of one fitted set on one GPU for one benchmark."""
-
-    set: str
-    """The set that prices it, as `efficiency_for` names it ("v5.1/blackwell", "v4.1/blackwell (for v4.0)")."""
-    gpu: str
-    """Catalog GPU key."""
-    benchmark: str | None
-    """MLPerf benchmark whose fitted scalars specialise the set; None for a model that is no benchmark."""
-    kind: str
-    """One of KINDS."""
-    tflops: float
-    """Effective TFLOP/s (`effective_rates`)."""
-    peak_tflops: float
-    """The datasheet dense peak it is bounded by (`peaks`)."""
-    pct: float
-    """tflops as a percentage of peak_tflops (infinite for a rate without a peak)."""
-    basis: str
-    """Whether the ceiling under the rate is "measured" or "derived" (`GPU.ceiling_basis`)."""
-
-    def to_dict(self) -> dict:
-        """Plain dict (pct rounded to 0.01; a rate without a peak has pct None)."""
-        d = asdict(self)
-        d["pct"] = round(self.pct, 2) if math.isfinite(self.pct) else None
-        return d
-
-
-def rate_table(doc: dict, catalog: Catalog) -> list[RateRow]:
-    """Every effective rate of efficiency document `doc` (`efficiency.load_efficiencies()`'s form): for every
-    release it has sets for, every catalog GPU (each priced by its generation's set, or the set that stands in for
-    it: `efficiency_for`'s lookup), and every MLPerf benchmark (proxies aside) plus None, the rates of
-    `effective_rates` with their peaks. A release whose sets cannot price a GPU (a "measured" set fitted on other
-    hardware) has no rows for it."""
-    sets = doc.get("sets", {})
-    releases = sorted({k.split("/")[0] for k in sets}, key=_release_key)
-    names: list[str | None] = [b for b in benchmarks.names() if not benchmarks.is_proxy(b)]
-    names.append(None)
-    rows = []
-    for release in releases:
-        for gpu in catalog.gpus.values():
-            try:
-                name, base = _set_for(sets, release, gpu.key, gpu.generation)
-            except ValueError:
-                continue
-            for bench in names:
-                eff = specialise(base, gpu.key, bench, doc.get("sku_gemm", {}), doc.get("benchmarks", {}))
-                rates = effective_rates(eff, gpu)
-                for kind, (_, peak, basis) in _ceilings(gpu).items():
-                    pct = 100 * rates[kind] / peak if peak > 0 else math.inf
-                    rows.append(RateRow(name, gpu.key, bench, kind, rates[kind], peak, pct, basis))
-    return rows
-
-
-def largest_by_kind(rows: list[RateRow]) -> dict[str, RateRow]:
-    """The row with the largest pct of each kind present in `rows`, in KINDS order."""
-    best: dict[str, RateRow] = {}
-    for r in rows:
-        if r.kind not in best or r.pct > best[r.kind].pct:
-            best[r.kind] = r
-    return {k: best[k] for k in KINDS if k in best}

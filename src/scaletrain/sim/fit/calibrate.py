@@ -32,7 +32,6 @@ from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import (
     OWN_FIT,
     PER_BENCHMARK,
-    RUN_TERMS,
     Efficiency,
     cap_gemm_eff,
     nearest_set,
@@ -42,6 +41,7 @@ from scaletrain.sim.efficiency import (
 )
 from scaletrain.sim.fit.results import PublishedResult
 from scaletrain.sim.fit.rows import _Row, host_network, prepare, row_layout, row_system
+from scaletrain.sim.fit.terms import MeasuredTerms
 from scaletrain.sim.step import step_time
 from scaletrain.sim.workload import ClusterLayout
 
@@ -128,9 +128,7 @@ class FittedSets(dict):
     """Fitted Efficiency per set name ("v4.1/hopper", ...), plus the per-SKU gemm_eff multipliers (`sku_gemm`) and
     the per-benchmark scalars (`bench`) that `efficiency.specialise` applies to a row's set."""
 
-    def __init__(
-        self, sets=(), sku_gemm: dict | None = None, bench: dict | None = None, run_terms: dict | None = None
-    ):
+    def __init__(self, sets=(), sku_gemm: dict | None = None, bench: dict | None = None, run_terms: dict | None = None):
         super().__init__(sets)
         self.sku_gemm: dict[str, float] = dict(sku_gemm or {})
         self.bench: dict[str, dict[str, float]] = {k: dict(v) for k, v in (bench or {}).items()}
@@ -246,21 +244,25 @@ def fit_run_terms(rows: list[_Row], effs: FittedSets) -> FittedSets:
     """`effs` plus the evaluation and one-off seconds of every benchmark's software releases, each fitted on its own
     measurement in the rows' public logs (rows without measured terms add nothing):
 
-    - eval_fixed_s: the median over the release's rows of (measured evaluation − predicted forward part), the forward
-      passes priced at the training forward's efficiency with the step scalars already fitted; at least 0;
+    - eval_host_layer_s and eval_fixed_s: an evaluation is its micro-batch forwards, each priced at the training
+      forward's efficiency with the step scalars already fitted or at layers x eval_host_layer_s, whichever is longer,
+      plus eval_fixed_s; the host time per layer minimises the squared log error of the release's evaluation times,
+      the fixed part being the median residual (at least 0);
     - eval_first_extra_s: the median of (first − steady evaluation), at least 0;
-    - one_off_s: the median of the measured one-off seconds (negative medians, step-time drift, count as 0).
+    - one_off_s: the median of the measured one-off seconds of the runs that pass no recipe pause and no precision
+      switch (negative medians, step-time drift, count as 0); pause_s and switch_s: the median one-off of the runs that
+      do, less that.
 
-    Medians, not means: a run's one-off can hold a 20-40 s stall (a precision switch, a garbage-collection pause)
-    that a few rows of a release see and the others do not. The release a prediction uses by default is the one
-    most of a round's rows ran, per generation and overall ("default")."""
+    Medians, not means: a run's one-off can hold a 20-40 s stall that a few rows of a release see and the others do
+    not. The release a prediction uses by default is the one most of a round's rows ran, per generation and overall
+    ("default")."""
     effs = effs.copy()
-    groups: dict[tuple[str, str], list[_Row]] = {}
+    groups: dict[tuple[str, str], list[tuple[_Row, MeasuredTerms]]] = {}
     for r in rows:
         if r.terms is not None and r.terms.software:
-            groups.setdefault((r.bench, r.terms.software), []).append(r)
+            groups.setdefault((r.bench, r.terms.software), []).append((r, r.terms))
     run_terms: dict = {}
-    for (bench, label), rs in sorted(groups.items()):
+    for (bench, label), pairs in sorted(groups.items()):
         base = [
             cap_gemm_eff(
                 specialise(
@@ -272,49 +274,51 @@ def fit_run_terms(rows: list[_Row], effs: FittedSets) -> FittedSets:
                 ),
                 r.cluster.gpu,
             )
-            for r in rs
+            for r, _ in pairs
         ]
 
-        def eval_fit(host: float, rs=rs, base=base) -> tuple[float, float]:
+        def eval_fit(host: float, pairs=pairs, base=base) -> tuple[float, float]:
             """(squared log error, fixed seconds) of the group's evaluations at `host` s per layer, the fixed part
             the median residual."""
-            fwd = [r.eval_forward_s(replace(e, eval_host_layer_s=host, eval_fixed_s=0.0)) for r, e in zip(rs, base)]
-            fixed = max(0.0, _median([r.terms.eval_s - f for r, f in zip(rs, fwd)]))
-            return sum(math.log((f + fixed) / r.terms.eval_s) ** 2 for r, f in zip(rs, fwd)), fixed
+            fwd = [
+                r.eval_forward_s(replace(e, eval_host_layer_s=host, eval_fixed_s=0.0)) for (r, _), e in zip(pairs, base)
+            ]
+            fixed = max(0.0, _median([t.eval_s - f for (_, t), f in zip(pairs, fwd)]))
+            return sum(math.log((f + fixed) / t.eval_s) ** 2 for (_, t), f in zip(pairs, fwd)), fixed
 
-        host = _golden(lambda h: eval_fit(h)[0], *BOUNDS["eval_host_layer_s"], 0.0, 24)
-        residual_fixed = eval_fit(host)[1]
-        # Rows whose runs pass a recipe pause (`efficiency.PAUSE_EVERY_STEPS`) or switch precision hold that in their
-        # one-off: the others give the start-up one-off, the difference the pause or the switch.
-        switched = [r for r in rs if r.terms.switch_step]
-        paused = [r for r in rs if pauses(bench, r.median_steps) > 0 and not r.terms.switch_step]
-        plain = [r for r in rs if pauses(bench, r.median_steps) == 0 and not r.terms.switch_step] or rs
-        one_off = max(0.0, _median([r.terms.one_off_s for r in plain]))
+        def eval_error(host: float, eval_fit=eval_fit) -> float:
+            return eval_fit(host)[0]
+
+        host = _golden(eval_error, *BOUNDS["eval_host_layer_s"], 0.0, 24)
+        switched = [t for _, t in pairs if t.switch_step]
+        paused = [(r, t) for r, t in pairs if pauses(bench, r.median_steps) > 0 and not t.switch_step]
+        plain = [t for r, t in pairs if pauses(bench, r.median_steps) == 0 and not t.switch_step] or [
+            t for _, t in pairs
+        ]
+        one_off = max(0.0, _median([t.one_off_s for t in plain]))
         pause = 0.0
-        if paused and len(plain) < len(rs):
-            pause = max(0.0, _median([r.terms.one_off_s / pauses(bench, r.median_steps) for r in paused]) - one_off)
+        if paused and len(plain) < len(pairs):
+            pause = max(0.0, _median([t.one_off_s / pauses(bench, r.median_steps) for r, t in paused]) - one_off)
         values = {
-            "eval_fixed_s": residual_fixed,
+            "eval_fixed_s": eval_fit(host)[1],
             "eval_host_layer_s": host,
-            "eval_first_extra_s": max(0.0, _median([r.terms.first_eval_s - r.terms.eval_s for r in rs])),
+            "eval_first_extra_s": max(0.0, _median([t.first_eval_s - t.eval_s for _, t in pairs])),
             "one_off_s": one_off,
             "pause_s": pause,
-            "switch_s": max(0.0, _median([r.terms.one_off_s for r in switched]) - one_off) if switched else 0.0,
-            "rows": len(rs),
+            "switch_s": max(0.0, _median([t.one_off_s for t in switched]) - one_off) if switched else 0.0,
+            "rows": len(pairs),
         }
         run_terms.setdefault(bench, {"software": {}, "default": {}})["software"][label] = values
     for bench, terms in run_terms.items():
         counts: dict[str, dict[str, int]] = {}
-        for (b, label), rs in groups.items():
+        for (b, label), pairs in groups.items():
             if b != bench:
                 continue
-            for r in rs:
+            for r, _ in pairs:
                 for key in (r.row.round, f"{r.row.round}/{r.cluster.gpu.generation}"):
                     counts.setdefault(key, {}).setdefault(label, 0)
                     counts[key][label] += 1
-        terms["default"] = {
-            key: max(sorted(c), key=lambda lab, c=c: c[lab]) for key, c in sorted(counts.items())
-        }
+        terms["default"] = {key: max(sorted(c), key=c.__getitem__) for key, c in sorted(counts.items())}
     effs.run_terms = run_terms
     return effs
 

@@ -272,7 +272,9 @@ class _Row:
     def one_off_s(self, eff: Efficiency) -> float:
         """Predicted one-off seconds of the row's median run: the release's one-off plus its recipe's pauses and its
         precision switch."""
-        switch = eff.switch_s if self._post is not None and self.median_steps > (self.layout.fp4_healing_step or 0) else 0
+        switch = (
+            eff.switch_s if self._post is not None and self.median_steps > (self.layout.fp4_healing_step or 0) else 0
+        )
         return self.timing(eff, True)[2] + eff.pause_s * pauses(self.bench, self.median_steps) + switch
 
     def step_sq_error(self, eff: Efficiency) -> float:

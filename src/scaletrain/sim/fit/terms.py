@@ -110,8 +110,10 @@ def load_terms(paths: list[Path]) -> dict[tuple[str, str, str, int], MeasuredTer
             switch = (rec.get("precision_switch_step") or "").strip()
             if switch:
                 switches.setdefault(key, []).append(
-                    (int(_number(switch, "precision_switch_step", where)),
-                     _number(rec.get("step_s_post_switch") or "nan", "step_s_post_switch", where))
+                    (
+                        int(_number(switch, "precision_switch_step", where)),
+                        _number(rec.get("step_s_post_switch") or "nan", "step_s_post_switch", where),
+                    )
                 )
 
     def median(rs: list[dict[str, float]], column: str) -> float:
