@@ -119,15 +119,21 @@ def print_prediction(p: Prediction, out=None) -> None:
             f"  time to train {p.time_to_train_min:.2f} min = {pre_steps:g} FP4 steps x {p.step_time_s:.3f} s "
             f"+ {p.steps_post_switch:g} FP8 steps x {p.step_time_post_switch_s:.3f} s (after the healing step "
             f"{p.healing_step}) + {pre_evals:g} evaluations x {p.eval_time_s:.2f} s + {p.evals_post_switch:g} FP8 "
-            f"evaluations x {p.eval_time_post_switch_s:.2f} s + warm-up {p.warmup_s or 0:.1f} s",
+            f"evaluations x {p.eval_time_post_switch_s:.2f} s{_first_extra(p)} + one-off {p.warmup_s or 0:.1f} s",
             file=out,
         )
     elif p.time_to_train_min is not None:
         print(
             f"  time to train {p.time_to_train_min:.2f} min = {p.steps:g} steps x {p.step_time_s:.3f} s "
-            f"+ {p.evals:g} evaluations x {p.eval_time_s:.2f} s + warm-up {p.warmup_s or 0:.1f} s",
+            f"+ {p.evals:g} evaluations x {p.eval_time_s:.2f} s{_first_extra(p)} + one-off {p.warmup_s or 0:.1f} s",
             file=out,
         )
+
+
+def _first_extra(p) -> str:
+    """ " (the first +X s)" where the first evaluation takes longer than the others."""
+    extra = (p.eval_first_s or 0.0) - (p.eval_time_s or 0.0)
+    return f" (the first +{extra:.2f} s)" if extra >= 0.005 else ""
 
 
 def _converge(model: str, samples: int | None) -> float | None:
