@@ -104,3 +104,24 @@ def test_data_parallel_scale_out_is_almost_free_as_in_the_logs():
     assert steps[1] / steps[0] - 1 < 0.02
     eff = efficiency_for(None, "h100", "llama2_70b_lora")[1]
     assert eff.straggler_cv == 0 and eff.sync_log2_s == 0 and eff.fabric_sync_s > 0
+
+
+def test_tp_exposure_grows_when_the_gemms_are_too_short_to_hide_it():
+    from scaletrain.sim import step as step_mod
+    from scaletrain.sim.comm import Cluster
+
+    cat = load_catalog()
+    g, n, f = cat.system("h100")
+    w = load_workload("llama2-70b-lora")
+    eff = replace(Efficiency(), tp_exposed=0.3)
+
+    def exposed_fraction(mbs: int, cp: int) -> float:
+        lay = ClusterLayout(gpus=8 * cp, tp=8, cp=cp, mbs=mbs, gbs=mbs, sp=True)
+        cl = Cluster(g, n, f, lay.gpus)
+        _, _, exposed = step_mod.stage_costs(w, lay, cl, eff)
+        comm = step_mod._tp_comm(w, lay, cl)
+        return exposed["tp"] / (w.shape.layers * 2 * comm)
+
+    # Long GEMMs hide all they may (1 - tp_exposed); a CP8 shard's GEMMs are shorter than the TP8 collectives.
+    assert exposed_fraction(1, 1) == pytest.approx(0.3)
+    assert exposed_fraction(1, 8) > 0.3

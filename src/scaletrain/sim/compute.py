@@ -45,6 +45,8 @@ class LayerTimes:
     """The attention-core part of fwd (what context-parallel K/V exchange can hide under)."""
     gemm_fwd: float
     """The GEMM part of fwd (what TP communication can overlap with)."""
+    gemm_bwd: float = 0.0
+    """The GEMM part of bwd without recomputation (data gradients, and weight gradients of trained weights)."""
 
 
 def gemm_time(gpu: GPU, flops: float, fp8: bool, eff: float, fp4: bool = False, fp4_eff: float = 1.0) -> float:
@@ -274,7 +276,7 @@ def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float, f
         bwd += fwd
     elif layout.recompute == "selective":
         bwd += attn_f
-    return LayerTimes(fwd=fwd, bwd=bwd, attn_fwd=attn_f, gemm_fwd=gemm_f)
+    return LayerTimes(fwd=fwd, bwd=bwd, attn_fwd=attn_f, gemm_fwd=gemm_f, gemm_bwd=gemm_b)
 
 
 def attention_tflops(gpu: GPU, layout: ClusterLayout) -> float:

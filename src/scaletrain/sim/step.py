@@ -110,17 +110,23 @@ def stage_costs(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency
     # slowest stage sets the step.
     blocks = chunk_layers(w.shape.layers, p, v) or [[w.shape.layers // (p * v)] * v for _ in range(p)]
     lt = compute.layer_times(w, layout, cl.gpu, eff.gemm_eff, eff.fp4_eff)
-    tp = _tp_comm(w, layout, cl) * eff.tp_exposed
+    # TP collectives overlap with the GEMMs around them (Transformer Engine's comm-GEMM overlap): at most the fraction
+    # 1 - tp_exposed of them hides, and never more than the GEMM time they run under, so small GEMMs (short
+    # sequences, deep TP, LoRA's backward without weight gradients) expose more.
+    comm = _tp_comm(w, layout, cl)
+    tp_f = comm - min((1 - eff.tp_exposed) * comm, lt.gemm_fwd)
+    tp_b = comm - min((1 - eff.tp_exposed) * comm, lt.gemm_bwd)
+    tp = (tp_f + tp_b) / 2
     # The ring's cp - 1 exchanges each run under one block of attention (attn_fwd / cp); what a hop takes beyond its
     # block is exposed. Backward sends K/V again and their gradients back: twice the bytes under 2.5x the block.
     hop, block = _cp_hop(w, layout, cl), lt.attn_fwd / layout.cp
     cp_f = (layout.cp - 1) * max(0.0, hop - block)
     cp_b = (layout.cp - 1) * max(0.0, 2 * hop - 2.5 * block)
-    recompute_tp = tp if layout.recompute == "full" else 0.0
+    recompute_tp = tp_f if layout.recompute == "full" else 0.0
     a2a = _a2a_comm(w, layout, cl) * eff.a2a_exposed
     recompute_a2a = a2a if layout.recompute == "full" else 0.0
-    f_layer = lt.fwd + tp + cp_f + a2a
-    b_layer = lt.bwd + tp + recompute_tp + cp_b + a2a + recompute_a2a
+    f_layer = lt.fwd + tp_f + cp_f + a2a
+    b_layer = lt.bwd + tp_b + recompute_tp + cp_b + a2a + recompute_a2a
     fwd = [[blocks[r][c] * f_layer for c in range(v)] for r in range(p)]
     bwd = [[blocks[r][c] * b_layer for c in range(v)] for r in range(p)]
     emb_f, emb_b = compute.embedding_times(w, layout, cl.gpu)
