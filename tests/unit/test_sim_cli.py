@@ -175,14 +175,15 @@ def test_validate_scores_the_rest_and_names_bad_rows(tmp_path, capsys):
 
 def test_calibration_rows_meet_the_accuracy_target(capsys):
     code, out = run_json(capsys, ["sim", "validate", "--json"])
-    assert code == 0 and len(out["rows"]) == len(bundled_results()) == 145
-    # In sample (gpt3 2.44% / 5.51%, LoRA 4.07% / 18.13%, 405B 6.51% / 37.70% on 16 rows, 8B 12.03% / 31.55% on 24,
-    # with every term fitted on its own measurement in the logs): the bounds are today's figures with a little room,
-    # so a regression fails.
+    assert code == 0 and len(out["rows"]) == len(bundled_results()) == 148
+    # In sample (gpt3 2.33% / 5.42%, LoRA 4.66% / 33.54% on 98 rows (its worst the Oracle 512-H200 row, whose step
+    # is 45% slower than NVIDIA's at the same layout), 405B 5.54% / 36.25% on 16, 8B 11.99% / 31.29% on 24, with
+    # every term fitted on its own measurement in the logs): the bounds are today's figures with a little room, so a
+    # regression fails.
     for bench, mape, worst in (
-        ("gpt3", 2.75, 6.0),
-        ("llama2_70b_lora", 4.5, 19.5),
-        ("llama31_405b", 7.0, 40.0),
+        ("gpt3", 2.6, 6.0),
+        ("llama2_70b_lora", 5.0, 35.0),
+        ("llama31_405b", 6.0, 38.0),
         ("llama31_8b", 12.5, 33.0),
     ):
         s = out["summary"][bench]["ttt"]

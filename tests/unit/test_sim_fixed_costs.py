@@ -54,7 +54,7 @@ def _v5_rows():
 def test_v5_file_parses_with_unknown_layouts_skipped_not_failed():
     raw = list(csv.DictReader(io.StringIO(_v5_text())))
     report = load_results(_v5_text(), strict=True)  # strict: only rows without a layout may be left out
-    assert len(raw) == 99 and len(report.rows) == 88 and len(report.unknown_layout) == 11
+    assert len(raw) == 102 and len(report.rows) == 91 and len(report.unknown_layout) == 11
     assert report.errors == report.unknown_layout
     for line, why in report.unknown_layout:
         assert not (raw[line - 2]["tp"] and raw[line - 2]["cp"]) and why.startswith("layout unknown")
@@ -108,7 +108,7 @@ def test_every_v5_system_maps_to_a_catalog_node_of_its_gpu():
         assert CAT.node(node).gpu == r.gpu, r.system
         assert fabric == "" or fabric in CAT.fabrics, (r.system, fabric)
     ready, bad = cal.prepare(rows)
-    assert bad == [] and len(ready) == 88
+    assert bad == [] and len(ready) == 91
 
 
 @pytest.mark.parametrize(
