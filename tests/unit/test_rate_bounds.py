@@ -167,7 +167,7 @@ def test_validate_rates_prints_the_largest_and_exits_1_above_the_bound(monkeypat
     assert main(["sim", "validate", "--rates"]) == 1
     out = capsys.readouterr().out
     # H100's measured 795 x 1.3 = 1,034 of 989 TFLOP/s, the same for every model (no benchmark multiplier).
-    assert "gemm_bf16   104.5%    1,034 of     989 TFLOP/s  h100 under v1.0/hopper (measured ceiling)" in out
+    assert "gemm_bf16      104.5%    1,034 of     989 TFLOP/s  h100 under v1.0/hopper (measured ceiling)" in out
     assert re.search(r"\n[1-9][\d,]* of [\d,]+ rates above 90%", out) and "(measured)  every model" in out
     assert main(["sim", "validate", "--rates", "--cv", "loo"]) == 2
     assert "drop --cv" in capsys.readouterr().err

@@ -125,7 +125,7 @@ def print_rates(rows: list[RateRow], top: int = 10) -> None:
     print("largest per kind:")
     for kind, r in largest_by_kind(rows).items():
         print(
-            f"  {kind:10} {r.pct:6.1f}%  {r.tflops:7,.0f} of {r.peak_tflops:7,.0f} TFLOP/s  {r.gpu} under {r.set} "
+            f"  {kind:13} {r.pct:6.1f}%  {r.tflops:7,.0f} of {r.peak_tflops:7,.0f} TFLOP/s  {r.gpu} under {r.set} "
             f"({r.basis} ceiling)"
         )
     # Benchmarks a set prices alike (no own multiplier) share one line.
@@ -138,6 +138,6 @@ def print_rates(rows: list[RateRow], top: int = 10) -> None:
     for group in list(groups.values())[:top]:
         r = group[0]
         print(
-            f"  {r.pct:6.1f}%  {r.kind:10} {r.gpu:8} {r.set:28} {r.tflops:7,.0f} of {r.peak_tflops:7,.0f} TFLOP/s "
+            f"  {r.pct:6.1f}%  {r.kind:13} {r.gpu:8} {r.set:28} {r.tflops:7,.0f} of {r.peak_tflops:7,.0f} TFLOP/s "
             f"({r.basis})  {_benchmarks_text(group, every)}"
         )

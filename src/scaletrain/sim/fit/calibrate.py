@@ -290,6 +290,8 @@ def fit_run_terms(rows: list[_Row], effs: FittedSets) -> FittedSets:
             return eval_fit(host)[0]
 
         host = _golden(eval_error, *BOUNDS["eval_host_layer_s"], 0.0, 24)
+        if eval_error(host) >= eval_error(0.0) * (1 - 1e-9):
+            host = 0.0  # rows whose forwards are all GPU-bound cannot see a host floor: none is priced
         switched = [t for _, t in pairs if t.switch_step]
         paused = [(r, t) for r, t in pairs if pauses(bench, r.median_steps) > 0 and not t.switch_step]
         plain = [t for r, t in pairs if pauses(bench, r.median_steps) == 0 and not t.switch_step] or [
