@@ -447,6 +447,9 @@ def _bad_efficiency(tmp_path, kind: str) -> str:
         "string-scalar": '{"sets": {"v5.1/hopper": {"gemm_eff": "fast"}}}',
         "no-sets": '{"fit": {}}',
         "deep": "[" * 100000 + "]" * 100000,
+        "run-terms-string": '{"sets": {}, "run_terms": {"llama2_70b_lora": {"software": {"NeMo": {"one_off_s": "x"}}}}}',
+        "run-terms-negative": '{"sets": {}, "run_terms": {"gpt3": {"software": {"NeMo": {"one_off_s": -3}}}}}',
+        "run-terms-default": '{"sets": {}, "run_terms": {"gpt3": {"software": {}, "default": {"v4.1": 7}}}}',
     }
     if kind in contents:
         path = tmp_path / f"eff-{kind}.json"
@@ -469,6 +472,9 @@ EFF_KINDS = {
     "string-scalar": "gemm_eff='fast' is not a finite number",
     "no-sets": "no 'sets' section",
     "deep": "not valid JSON",
+    "run-terms-string": "run_terms.llama2_70b_lora.software.'NeMo'.one_off_s='x' is not a finite number",
+    "run-terms-negative": "one_off_s=-3 is negative",
+    "run-terms-default": "run_terms.gpt3.default must map rounds to software labels",
 }
 
 

@@ -125,3 +125,18 @@ def test_tp_exposure_grows_when_the_gemms_are_too_short_to_hide_it():
     # Long GEMMs hide all they may (1 - tp_exposed); a CP8 shard's GEMMs are shorter than the TP8 collectives.
     assert exposed_fraction(1, 1) == pytest.approx(0.3)
     assert exposed_fraction(1, 8) > 0.3
+
+
+def test_a_user_efficiency_file_brings_its_own_run_terms(tmp_path, monkeypatch):
+    import json
+
+    from scaletrain.sim.efficiency import load_efficiencies
+
+    doc = load_efficiencies()
+    doc["run_terms"]["llama2_70b_lora"]["software"]["NeMo 24.09"]["one_off_s"] = 99.0
+    path = tmp_path / "eff.json"
+    path.write_text(json.dumps({k: doc[k] for k in ("sets", "sku_gemm", "benchmarks", "run_terms")}))
+    monkeypatch.setenv("SCALETRAIN_EFFICIENCY", str(path))
+    w = load_workload("llama2-70b-lora")
+    lay = ClusterLayout(gpus=8, tp=1, cp=1, mbs=1, gbs=8, fp8=True, sp=False)
+    assert predict(w, lay, "h100", calibration="v4.1").one_off_s == 99.0

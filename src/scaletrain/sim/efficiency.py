@@ -114,7 +114,7 @@ def load_efficiencies() -> dict:
     if extra:
         doc["sets"].update(extra.get("sets", {}))
         doc.setdefault("gemm_classes", {}).update(extra.get("gemm_classes", {}))
-        for section in ("sku_gemm", "benchmarks"):
+        for section in ("sku_gemm", "benchmarks", "run_terms"):
             if section in extra:
                 doc[section] = extra[section]
     return doc
@@ -155,6 +155,29 @@ def _efficiency_file_problem(doc) -> str | None:
         for key, value in values.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 return f"{name}.{key}={value!r} is not a finite number"
+    return _run_terms_problem(doc.get("run_terms", {}))
+
+
+def _run_terms_problem(run_terms) -> str | None:
+    """What is wrong with a `run_terms` section ({benchmark: {"software": {label: {term: seconds}}, "default":
+    {round: label}}}), or None."""
+    if not isinstance(run_terms, dict):
+        return "'run_terms' must be an object"
+    for bench, terms in run_terms.items():
+        where = f"run_terms.{bench}"
+        if not isinstance(terms, dict) or not isinstance(terms.get("software", {}), dict):
+            return f"{where} must be an object with a 'software' object"
+        for label, values in terms.get("software", {}).items():
+            if not isinstance(values, dict):
+                return f"{where}.software.{label!r} must be an object of seconds"
+            for key, value in values.items():
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                    return f"{where}.software.{label!r}.{key}={value!r} is not a finite number"
+                if key in RUN_TERMS and value < 0:
+                    return f"{where}.software.{label!r}.{key}={value!r} is negative"
+        default = terms.get("default", {})
+        if not isinstance(default, dict) or not all(isinstance(v, str) for v in default.values()):
+            return f"{where}.default must map rounds to software labels"
     return None
 
 
