@@ -166,7 +166,8 @@ def test_calibrate_layer_timings_fits_curve_and_moves_predictions(tmp_path, caps
     doc = json.loads(eff_path.read_text())
     assert set(doc["sets"]) == {"measured/hopper"}
     monkeypatch.setenv("SCALETRAIN_EFFICIENCY", str(eff_path))
-    _, eff = efficiency_for("measured", "h200")
+    # Priced against the measured catalog entry, as predict --catalog does (the 90%-of-peak cap reads its curve).
+    _, eff = efficiency_for("measured", "h200", catalog=cat)
     fitted = _block_s(cat, eff)
     assert abs(fitted - measured) < abs(shipped - measured)  # moved toward the measurement ...
     assert fitted == pytest.approx(measured, rel=0.02)  # ... and reproduces it

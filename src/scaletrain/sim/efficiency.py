@@ -252,7 +252,11 @@ def efficiency_for(
     g = (catalog or default_catalog()).gpu(gpu)
     doc = load_efficiencies()
     name, eff = _set_for(doc["sets"], release, gpu, g.generation)
-    eff = specialise(eff, gpu, benchmark, doc.get("sku_gemm", {}), doc.get("benchmarks", {}))
+    # A set fitted on the user's own runs ("measured") was fitted on this very GPU: no SKU multiplier of the published
+    # fit applies to it (one in its own file still does).
+    own = _release_key(name.split("/")[0]) == (0,)
+    sku = doc.get("sku_gemm", {}) if not own else (user_efficiencies() or {}).get("sku_gemm", {})
+    eff = specialise(eff, gpu, benchmark, sku, doc.get("benchmarks", {}))
     asked = name.split(" ")[0].split("/")[0] if release in (None, "", "latest") else _normal_release(release)
     eff = with_run_terms(eff, doc.get("run_terms", {}), benchmark, asked, g.generation, software)[1]
     return name, cap_gemm_eff(eff, g)
