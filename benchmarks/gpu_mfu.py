@@ -42,13 +42,13 @@ from pathlib import Path
 import torch
 
 from scaletrain.config import resolve
-from scaletrain.model.flops import flops_per_token
 from scaletrain.model.common import causal_attention
+from scaletrain.model.flops import flops_per_token
 from scaletrain.model.gpt import GPT
 from scaletrain.model.loss import loss_sum
 from scaletrain.sim.catalog import load_catalog, mfu_peak
 from scaletrain.sim.compute import layer_gemms
-from scaletrain.sim.fit import calibrate as cal
+from scaletrain.sim.fit import layer_timings as timings_fit
 from scaletrain.sim.workload import ClusterLayout, load_workload
 from scaletrain.train.cpu_bf16 import bf16_gemm_context, gemm_mode
 from scaletrain.train.host import peak_memory_gib, setup_cpu
@@ -370,8 +370,8 @@ def sim_compare(rows: list[dict], timings: dict, gpu: str, comparable: bool) -> 
     measured configuration on one GPU (tp = pp = 1, no optimizer sharding) with the shipped and fitted values."""
     from scaletrain.sim.catalog import load_catalog
     from scaletrain.sim.predict import predict
-    fit = cal.fit_layer_timings({**timings, "gpu": gpu}, load_catalog())
-    fitted = cal.apply_gpu_override(load_catalog(), fit["gpu"], fit["catalog"])
+    fit = timings_fit.fit_layer_timings({**timings, "gpu": gpu}, load_catalog())
+    fitted = timings_fit.apply_gpu_override(load_catalog(), fit["gpu"], fit["catalog"])
     out = []
     for r in (r for r in rows if "step_s" in r):
         w = load_workload(r["model"], tuple(r["set"]))
@@ -495,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         timings["steps"] = [{"model": r["model"], "set": r["set"], "mbs": r["mbs"], "fp8": r["precision"] == "fp8",
                              "step_s": r["step_s"]} for r in res["training"] if "step_s" in r and not r["compile"]]
         res["sim"] = sim_compare(res["training"], timings, sim_gpu, comparable=not smoke and sim_gpu == timings["gpu"])
-        Path(f"{stem}.catalog.toml").write_text(cal.catalog_toml(sim_gpu, res["sim"]["catalog"], out.name))
+        Path(f"{stem}.catalog.toml").write_text(timings_fit.catalog_toml(sim_gpu, res["sim"]["catalog"], out.name))
         Path(f"{stem}.efficiency.json").write_text(json.dumps(
             {"sets": {"measured/" + load_catalog().gpu(sim_gpu).generation: res["sim"]["efficiency"]}}, indent=2) + "\n")
 

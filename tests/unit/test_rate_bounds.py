@@ -15,7 +15,7 @@ from scaletrain.cli.main import main
 from scaletrain.sim import compute
 from scaletrain.sim.catalog import CEILINGS, GPU, CatalogError, load_catalog
 from scaletrain.sim.efficiency import Efficiency, load_efficiencies
-from scaletrain.sim.fit.calibrate import catalog_toml
+from scaletrain.sim.fit.layer_timings import catalog_toml
 from scaletrain.sim.fit.rate_table import rate_table
 from scaletrain.sim.rate_bounds import PEAK_FRACTION, effective_rates, max_gemm_eff, peaks
 

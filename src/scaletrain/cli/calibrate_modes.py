@@ -7,7 +7,7 @@ from pathlib import Path
 
 from scaletrain.config_io import FileFormatError, load_json_bounded
 from scaletrain.sim.efficiency import efficiency_for
-from scaletrain.sim.fit import calibrate as cal
+from scaletrain.sim.fit import layer_timings
 
 
 def calibrate_from_runs(args, inputs, cat) -> dict:
@@ -35,7 +35,7 @@ def calibrate_layer_timings(args, cat) -> dict:
         raise FileFormatError(f"{path}: gpu={key!r} must be a catalog GPU name")
     base = efficiency_for(args.calibration, cat.gpu(key).key, catalog=cat)[1] if key else None
     try:
-        fit = cal.fit_layer_timings(doc, cat, args.gpu, base)
+        fit = layer_timings.fit_layer_timings(doc, cat, args.gpu, base)
     except (KeyError, TypeError, AttributeError, ArithmeticError) as exc:  # an entry of the wrong shape
         what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0] if str(exc) else ""
         raise FileFormatError(f"{path}: not a layer-timings file ({type(exc).__name__}: {what})") from None
@@ -51,7 +51,7 @@ def calibrate_layer_timings(args, cat) -> dict:
         f"{set_name}: gemm_eff {eff.gemm_eff:.3f}, step_overhead_s "
         f"{eff.step_overhead_s:.4f}; catalog fields {', '.join(fit['catalog']) or 'none'}"
     )
-    toml = cal.catalog_toml(fit["gpu"], fit["catalog"], Path(args.layer_timings).name)
+    toml = layer_timings.catalog_toml(fit["gpu"], fit["catalog"], Path(args.layer_timings).name)
     cat_out = args.catalog_out or (str(Path(args.out).with_suffix(".toml")) if args.out else None)
     if cat_out:
         Path(cat_out).write_text(toml)

@@ -259,14 +259,14 @@ def _time_to_train(
     # The first evaluation builds its data loader and graphs: the release's extra seconds, once.
     evals_s = split.evals_fp4 * ev_s + (eff.eval_first_extra_s if evals > 0 else 0.0)
     parts = {k: split.steps_fp4 * v / 60 for k, v in st.breakdown.items()}
-    one_off = eff.one_off_s + eff.pause_s * pauses(bench, steps)
+    extra = eff.pause_s * pauses(bench, steps)  # the recipe's pauses and, below, the precision switch
     if split.steps_fp8 > 0:
         fp8 = replace(layout, fp4=False)
         post = step_time(w, fp8, cl, eff, event=event)
         ev8 = eval_time(w, fp8, post.forward_rank_s, conv.eval_tokens, eff, nvlink_domain)
         train_s += split.steps_fp8 * post.step_time_s
         evals_s += split.evals_fp8 * ev8
-        one_off += eff.switch_s  # re-quantising and rebuilding the FP8 graphs, once
+        extra += eff.switch_s  # re-quantising and rebuilding the FP8 graphs, once
         for k, v in post.breakdown.items():
             parts[k] = parts.get(k, 0.0) + split.steps_fp8 * v / 60
         out = {
@@ -275,7 +275,7 @@ def _time_to_train(
             "steps_post_switch": split.steps_fp8,
             "evals_post_switch": split.evals_fp8,
         }
-    warm = warmup_s(layout, st.step_time_s, eff) + one_off - eff.one_off_s
+    warm = warmup_s(layout, st.step_time_s, eff) + extra
     parts["evaluation"] = evals_s / 60
     parts["warmup"] = warm / 60
     return {
@@ -287,7 +287,7 @@ def _time_to_train(
         "time_to_train_min": (warm + train_s + evals_s) / 60,
         "ttt_breakdown": parts,
         "warmup_s": warm,
-        "one_off_s": one_off,
+        "one_off_s": eff.one_off_s + extra,
         "phases_min": {"warmup": warm / 60, "steps": train_s / 60, "evaluations": evals_s / 60},
         **out,
     }
