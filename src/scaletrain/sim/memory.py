@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from scaletrain.sim.workload import ClusterLayout, Workload, rank_layers
+from scaletrain.sim.workload import ClusterLayout, Workload
 
 GIB = 2**30
 """Bytes in a GiB (what allocators and nvidia-smi report)."""
@@ -113,7 +113,7 @@ def rank_params(w: Workload, layout: ClusterLayout, first: bool, last: bool) -> 
 
 def _blocks(w: Workload, layout: ClusterLayout, first: bool, last: bool) -> int:
     """Transformer blocks of the first or last pipeline rank (the most any rank holds when neither)."""
-    per_rank = rank_layers(w.shape.layers, layout.pp, layout.vp)
+    per_rank = layout.rank_blocks(w)
     if first or last:
         return max(per_rank[0] if first else 0, per_rank[-1] if last else 0)
     return max(per_rank)
@@ -131,7 +131,7 @@ def _adapter_params(w: Workload, layout: ClusterLayout) -> float:
     if not w.shape.lora:
         return 0.0
     layers = w.shape.layers
-    return w.inventory.trainable_params * max(rank_layers(layers, layout.pp, layout.vp)) / layers / layout.tp
+    return w.inventory.trainable_params * max(layout.rank_blocks(w)) / layers / layout.tp
 
 
 def _rank_memory(w: Workload, layout: ClusterLayout, first: bool, last: bool, in_flight: float, dropout: bool):

@@ -168,7 +168,7 @@ def predict(
         node=n.key,
         fabric=f.key,
         gpus=layout.gpus,
-        layout=_layout_dict(layout),
+        layout=_layout_dict(layout, w),
         calibration=release,
     )
     if reasons:
@@ -293,7 +293,7 @@ def _time_to_train(
     }
 
 
-def _layout_dict(layout: ClusterLayout) -> dict:
+def _layout_dict(layout: ClusterLayout, w: Workload) -> dict:
     d = asdict(layout)
     if not d["shard_group"]:
         del d["shard_group"]  # the default (ZeRO over all of dp·cp); only HSDP layouts from a trainer config set it
@@ -303,6 +303,11 @@ def _layout_dict(layout: ClusterLayout) -> dict:
         del d["fp8_attention"]  # likewise: only layouts with FP8 attention carry it
     if d["ep"] == 1 and d["moe_imbalance"] == 1.0:
         del d["ep"], d["moe_imbalance"]  # likewise: only MoE layouts carry them
+    if d["pp_first_layers"] < 0 and d["pp_last_layers"] < 0 and not d["pp_stage_layers"]:
+        del d["pp_first_layers"], d["pp_last_layers"], d["pp_stage_layers"]  # likewise: only uneven splits
+    else:
+        d["pp_stage_layers"] = list(d["pp_stage_layers"])
+        d["chunk_layers"] = [list(row) for row in layout.chunks(w) or ()]
     d["dp"] = layout.dp
     d["microbatches"] = layout.microbatches if layout.dp > 0 and layout.mbs > 0 else 0
     d["schedule"] = layout.pipeline_schedule

@@ -18,7 +18,7 @@ from scaletrain.sim import compute, schedule
 from scaletrain.sim.comm import Cluster
 from scaletrain.sim.efficiency import Efficiency
 from scaletrain.sim.fixed_costs import domains, step_sync_s
-from scaletrain.sim.workload import ClusterLayout, Workload, chunk_layers, rank_layers
+from scaletrain.sim.workload import ClusterLayout, Workload
 
 BF16 = 2
 # Optimizer step bytes per locally-owned parameter: read fp32 master, two moments and the gradient, write the
@@ -108,7 +108,7 @@ def stage_costs(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency
     p, v = layout.pp, layout.vp
     # Uneven splits (126 blocks in 64 chunks): each chunk is priced with its own blocks, so the event simulation's
     # slowest stage sets the step.
-    blocks = chunk_layers(w.shape.layers, p, v) or [[w.shape.layers // (p * v)] * v for _ in range(p)]
+    blocks = layout.chunks(w) or [[w.shape.layers // (p * v)] * v for _ in range(p)]
     lt = compute.layer_times(w, layout, cl.gpu, eff.gemm_eff, eff.fp4_eff)
     # TP collectives overlap with the GEMMs around them (Transformer Engine's comm-GEMM overlap): at most the fraction
     # 1 - tp_exposed of them hides, and never more than the GEMM time they run under, so small GEMMs (short
@@ -156,7 +156,7 @@ def _dp_buckets(
     """
     n = layout.dp * layout.cp
     t, p, v = layout.tp, layout.pp, layout.vp
-    table = chunk_layers(w.shape.layers, p, v)
+    table = layout.chunks(w)
     layers = table[rank][chunk] if table else w.shape.layers // (p * v)
     params = _trainable_per_layer(w, t, layout.ep) * layers
     # ZeRO-3 shards and gathers every weight, frozen ones included (a LoRA base gathers its FP8/bf16 weights).
@@ -279,7 +279,7 @@ def step_time(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency, 
     # The token table, and the untied output layer when one stage holds both.
     head = w.inventory.head_params if p == 1 else 0
     embed = 0 if w.shape.lora else (w.shape.vocab * w.shape.hidden + head) / t
-    per_rank = rank_layers(w.shape.layers, p, v)
+    per_rank = layout.rank_blocks(w)
     per_layer = _trainable_per_layer(w, t, layout.ep)
     params_local = max(per_layer * per_rank[0] + embed, per_layer * max(per_rank))
     shards = layout.dp * layout.cp if layout.zero >= 1 else 1

@@ -123,6 +123,26 @@ class ClusterLayout:
     the all-to-all wait for that rank."""
     shard_group: int = 0
     """Ranks the ZeRO sharding spans; 0 = all of d = dp·cp. HSDP shards over dp_shard·cp and replicates the rest."""
+    pp_first_layers: int = -1
+    """Transformer blocks of the first virtual pipeline stage (with the embedding); -1 = the default split
+    (`chunk_layers`). Megatron's `--decoder-first-pipeline-num-layers`."""
+    pp_last_layers: int = -1
+    """Transformer blocks of the last virtual pipeline stage (with the output layer and loss); -1 = the default
+    split. Megatron's `--decoder-last-pipeline-num-layers`."""
+    pp_stage_layers: tuple[int, ...] = ()
+    """Blocks of every virtual stage in pipeline order (pp*vp entries); empty = first/last or the default split."""
+
+    def chunks(self, w: Workload) -> tuple[tuple[int, ...], ...] | None:
+        """Blocks of each (pipeline rank, virtual chunk) of `w` in this layout (`chunk_layers`); None if no split."""
+        return chunk_layers(
+            w.shape.layers, self.pp, self.vp, self.pp_first_layers, self.pp_last_layers, self.pp_stage_layers
+        )
+
+    def rank_blocks(self, w: Workload) -> list[int]:
+        """Blocks each pipeline rank holds over its chunks (`rank_layers`)."""
+        return rank_layers(
+            w.shape.layers, self.pp, self.vp, self.pp_first_layers, self.pp_last_layers, self.pp_stage_layers
+        )
 
     @property
     def zero_shards(self) -> int:
@@ -177,10 +197,18 @@ class ClusterLayout:
             out.append(f"tp={self.tp} does not divide the {w.shape.heads} heads / {w.shape.kv_heads} kv heads")
         if w.shape.ffn % self.tp:
             out.append(f"tp={self.tp} does not divide the MLP width {w.shape.ffn}")
-        if chunk_layers(w.shape.layers, self.pp, self.vp) is None:
+        if self.pp_stage_layers and (self.pp_first_layers >= 0 or self.pp_last_layers >= 0):
+            out.append("give either the per-stage layer list or the first/last stage's layers, not both")
+        elif self.chunks(w) is None:
             out.append(
-                f"pp*vp={self.pp * self.vp} divides neither the {w.shape.layers} layers nor {w.shape.layers}+2 "
-                "(the embedding and the loss counted as layers)"
+                split_problem(
+                    w.shape.layers,
+                    self.pp,
+                    self.vp,
+                    self.pp_first_layers,
+                    self.pp_last_layers,
+                    self.pp_stage_layers,
+                )
             )
         if w.seq_len % (2 * self.cp if self.cp > 1 else 1):
             out.append(f"cp={self.cp} needs the sequence {w.seq_len} to split into 2*cp chunks")
@@ -235,33 +263,96 @@ def with_recipe(layout: ClusterLayout, benchmark: str | None) -> ClusterLayout:
     return replace(layout, **changes) if changes else layout
 
 
-def chunk_layers(layers: int, pp: int, vp: int) -> tuple[tuple[int, ...], ...] | None:
+def chunk_layers(
+    layers: int, pp: int, vp: int, first: int = -1, last: int = -1, stages: tuple[int, ...] = ()
+) -> tuple[tuple[int, ...], ...] | None:
     """Transformer blocks of each (pipeline rank, virtual chunk), [rank][chunk]; None when they do not split.
 
-    Evenly when pp*vp divides the blocks. Otherwise Megatron's `account_for_embedding_in_pipeline_split` and
-    `account_for_loss_in_pipeline_split`, which NVIDIA's llama31_405b configs set (126 blocks in pp8 x vp8 = 64
-    chunks): the embedding and the loss count as one block each, so layers + 2 split evenly and the first chunk
-    (rank 0, chunk 0, with the embedding) and the last (rank pp-1, chunk vp-1, with the output layer and loss) hold
-    one block fewer (each keeps at least one).
+    Virtual stage k (0 .. pp*vp-1) lives on rank k % pp as chunk k // pp (Megatron's and torch's loop placement).
+
+    - `stages` given: the blocks of every virtual stage in order (pp*vp counts summing to `layers`; the first and
+      last stage may hold none, keeping only the embedding or the output layer and loss; every other holds >= 1).
+    - `first` and/or `last` >= 0: the first (last) virtual stage holds that many blocks and the others split the
+      rest evenly, each >= 1 (Megatron's `--decoder-first-pipeline-num-layers` / `--decoder-last-pipeline-num-layers`,
+      the way Llama 3 and DeepSeek-V3 lightened their end stages).
+    - Neither: evenly when pp*vp divides the blocks. Otherwise Megatron's `account_for_embedding_in_pipeline_split`
+      and `account_for_loss_in_pipeline_split`, which NVIDIA's llama31_405b configs set (126 blocks in pp8 x vp8 =
+      64 chunks): the embedding and the loss count as one block each, so layers + 2 split evenly and the first chunk
+      (rank 0, chunk 0, with the embedding) and the last (rank pp-1, chunk vp-1, with the output layer and loss)
+      hold one block fewer (each keeps at least one).
     """
     n = pp * vp
     if min(layers, pp, vp) < 1:
         return None
+    sizes = stage_split(layers, n, first, last, stages)
+    if sizes is None:
+        return None
+    return tuple(tuple(sizes[c * pp + r] for c in range(vp)) for r in range(pp))
+
+
+def stage_split(layers: int, n: int, first: int = -1, last: int = -1, stages: tuple[int, ...] = ()) -> list[int] | None:
+    """Blocks of each of `n` virtual stages in pipeline order (see `chunk_layers`); None when they do not split."""
+    if min(layers, n) < 1:
+        return None
+    if stages:
+        ok = len(stages) == n and sum(stages) == layers and all(x >= 0 for x in stages)
+        return list(stages) if ok and all(x >= 1 for x in stages[1:-1]) else None
+    if first >= 0 or last >= 0:
+        ends = [x for x in (first, last) if x >= 0]
+        inner = n - len(ends)
+        rest = layers - sum(ends)
+        if n == 1:
+            return [layers] if all(x == layers for x in ends) else None
+        if inner == 0:
+            return [first, last] if rest == 0 else None
+        if rest < inner or rest % inner:
+            return None
+        sizes = [rest // inner] * n
+        if first >= 0:
+            sizes[0] = first
+        if last >= 0:
+            sizes[-1] = last
+        return sizes
     if layers % n == 0:
-        return tuple(tuple(layers // n for _ in range(vp)) for _ in range(pp))
+        return [layers // n] * n
     per = (layers + 2) // n
     if (layers + 2) % n or per < 2:
         return None
-    table = [[per] * vp for _ in range(pp)]
-    table[0][0] -= 1
-    table[pp - 1][vp - 1] -= 1
-    return tuple(tuple(row) for row in table)
+    sizes = [per] * n
+    sizes[0] -= 1
+    sizes[-1] -= 1
+    return sizes
 
 
-def rank_layers(layers: int, pp: int, vp: int) -> list[int]:
+def split_problem(layers: int, pp: int, vp: int, first: int = -1, last: int = -1, stages: tuple[int, ...] = ()) -> str:
+    """Why `chunk_layers` refuses this split, in one sentence naming the numbers ("" when it splits)."""
+    n = pp * vp
+    if chunk_layers(layers, pp, vp, first, last, stages) is not None:
+        return ""
+    if stages:
+        if len(stages) != n:
+            return f"the stage layer list has {len(stages)} entries, but pp*vp = {n} virtual stages"
+        if sum(stages) != layers:
+            return f"the stage layer list sums to {sum(stages)} blocks, but the model has {layers}"
+        return "every stage but the first and the last needs at least one block (and none may be negative)"
+    if first >= 0 or last >= 0:
+        ends = [x for x in (first, last) if x >= 0]
+        inner = n - len(ends)
+        return (
+            f"with first={first} and last={last} blocks ({'-1 = even' if -1 in (first, last) else 'set'}), the other "
+            f"{inner} virtual stages cannot split the remaining {layers - sum(ends)} blocks evenly (>= 1 each)"
+        )
+    return (
+        f"pp*vp={n} divides neither the {layers} layers nor {layers}+2 (the embedding and the loss counted as layers)"
+    )
+
+
+def rank_layers(
+    layers: int, pp: int, vp: int, first: int = -1, last: int = -1, stages: tuple[int, ...] = ()
+) -> list[int]:
     """Transformer blocks each pipeline rank holds (all its chunks); ceil(layers / pp) each where they do not
     split (`chunk_layers`)."""
-    table = chunk_layers(layers, pp, vp)
+    table = chunk_layers(layers, pp, vp, first, last, stages)
     if table is None:
         return [ceil_div(layers, max(pp, 1))] * max(pp, 1)
     return [sum(row) for row in table]
@@ -282,5 +373,7 @@ __all__ = [
     "model_shape",
     "ceil_div",
     "chunk_layers",
+    "stage_split",
+    "split_problem",
     "rank_layers",
 ]
