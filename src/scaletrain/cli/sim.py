@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from scaletrain import benchmarks
+from scaletrain.cli import pretrain_report
 from scaletrain.cli.calibrate_modes import calibrate_from_runs, calibrate_layer_timings
 from scaletrain.cli.run_lines import plan_run_lines, print_run_lines
 from scaletrain.cli.validate_report import print_rates, print_terms, print_validation
@@ -45,8 +46,12 @@ its best layouts, and at a larger batch those can hold millions of micro-batches
 
 def _layout(args) -> ClusterLayout:
     spec = benchmarks.for_model(args.model)
-    # None is "not given"; --gbs 0 never gets here (its flag type refuses it) to be read as the default.
-    gbs = args.gbs if args.gbs is not None else (spec.default_gbs if spec else None)
+    _, ramp = pretrain_report.resolve(args)
+    # None is "not given"; --gbs 0 never gets here (its flag type refuses it) to be read as the default. A batch ramp
+    # lays the run out for its largest batch (each stage is priced at its own).
+    gbs = (
+        args.gbs if args.gbs is not None else max(s.gbs for s in ramp) if ramp else (spec.default_gbs if spec else None)
+    )
     if gbs is None:
         raise ValueError("--gbs is required for models that are not an MLPerf benchmark")
     _check_recipe_flags(args, fp8=args.fp8 or args.fp4)
@@ -157,6 +162,8 @@ def cmd_predict(args) -> int:
         w, layout = sim_inputs(load_config(args.model, tuple(args.set), config_file), args.gpus)
     else:
         w, layout = load_workload(args.model, tuple(args.set)), _layout(args)
+    if args.tokens is not None:
+        return pretrain_report.predict_tokens(args, w, layout, print_prediction)
     p = predict(
         w,
         layout,
@@ -181,6 +188,13 @@ def cmd_plan(args) -> int:
 
     _check_recipe_flags(args, fp8=True)  # plan's FP8 layouts take --fp8-attention; --fp4-healing-step needs --fp4
     w = load_workload(args.model, tuple(args.set))
+    if args.tokens is not None:
+        cat = load_catalog(args.catalog)
+
+        def lines(p: Prediction) -> dict:
+            return plan_run_lines(args.model, args.set, p.layout, p.gpu, cat.node(p.node).gpus_per_node, sim_inputs)
+
+        return pretrain_report.plan_tokens(args, w, print_prediction, lines, print_run_lines)
     res = plan(
         w,
         args.gpu,
@@ -502,6 +516,7 @@ def _job_flags(p) -> None:
         "published FP4 configs set HEALING_ITER, else 0)",
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of text")
+    pretrain_report.token_flags(p)
     p.add_argument(
         "--moe-imbalance",
         type=float_flag(1.0, float(DEGREE_MAX)),

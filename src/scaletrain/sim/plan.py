@@ -184,6 +184,7 @@ def plan(
     moe_imbalance: float = 1.0,
     fp8_attention: bool | None = None,
     fp4_healing_step: int | None = None,
+    mlperf_run: bool = True,
 ) -> PlanResult:
     """The `top` best layouts of `w` on `gpus` GPUs of kind `gpu` (node and fabric as in `predict`).
 
@@ -194,8 +195,10 @@ def plan(
     train` runs instead of Megatron's recipe: FSDP2 (ZeRO-3 over dp·cp) at every pipeline depth, gradients reduced in
     fp32 (also under FP8), no FP4. `fp8_attention` runs the FP8 layouts' attention in FP8 (False: bf16; None: the
     benchmark recipe's); `fp4_healing_step` is the FP4 layouts' precision switch (None: the benchmark recipe's), which
-    the final prices of the best layouts include (`predict`) and the search's ranking does not. ValueError for an
-    impossible request (ttt on a non-benchmark, FP8 on a GPU without it, ...).
+    the final prices of the best layouts include (`predict`) and the search's ranking does not. `mlperf_run=False`
+    (a pretraining run to a token budget) prices the best layouts' steps without a benchmark run (`predict`); it
+    needs the throughput objective. ValueError for an impossible request (ttt on a non-benchmark, FP8 on a GPU
+    without it, ...).
     """
     start = time.perf_counter()
     if gpus < 1 or top < 1:
@@ -205,6 +208,8 @@ def plan(
     release, eff = efficiency_for(calibration, g.key, benchmark_of(w.name), cat)
     bench = benchmark_of(w.name)
     objective = _objective(objective, bench, w.name)
+    if not mlperf_run and objective == "ttt":
+        raise ValueError("a layout search without the MLPerf run ranks by throughput: objective='throughput'")
     precisions = _precisions(g, fp8, fp4, as_trained)
     if fp8_attention and True not in precisions:
         raise ValueError(f"FP8 attention needs FP8 layouts, and none is searched on {g.key}")
@@ -247,7 +252,9 @@ def plan(
     best = _event_best(
         scored,
         top,
-        lambda lay: predict(w, lay, g.key, n.key, f.key, calibration=release, eff=eff, catalog=cat, event=True),
+        lambda lay: predict(
+            w, lay, g.key, n.key, f.key, calibration=release, eff=eff, catalog=cat, event=True, mlperf_run=mlperf_run
+        ),
         objective,
     )
     rejected = found.rejected

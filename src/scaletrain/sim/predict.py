@@ -147,9 +147,12 @@ def predict(
     catalog: Catalog | None = None,
     event: bool = True,
     benchmark: str | None = None,
+    mlperf_run: bool = True,
 ) -> Prediction:
     """Predict one configuration. `eff` overrides the fitted set picked by `calibration` (a release). The recipe
-    choices `layout` leaves open (None: FP8 attention, the FP4 healing step) are the benchmark's (`with_recipe`)."""
+    choices `layout` leaves open (None: FP8 attention, the FP4 healing step) are the benchmark's (`with_recipe`).
+    `mlperf_run=False` prices the step only, without the benchmark's run (steps, evaluations, time-to-train are None),
+    as a pretraining run to a token budget (`sim.pretrain`) needs; the benchmark's fitted scalars still apply."""
     cat = catalog or load_catalog()
     g, n, f = cat.system(gpu, node, fabric)
     release = calibration or "latest"
@@ -201,7 +204,9 @@ def predict(
     per_gpu = tokens_per_s / layout.gpus
     tflops = per_gpu * w.flops_per_token / 1e12
     peak = g.bf16_tflops  # MFU is always against the dense bf16 peak, as the trainer reports it
-    run = _time_to_train(w, layout, st, eff, bench, converge, n.nvlink_domain, cl, event) if bench else {}
+    run = (
+        _time_to_train(w, layout, st, eff, bench, converge, n.nvlink_domain, cl, event) if bench and mlperf_run else {}
+    )
     return Prediction(
         **base,
         feasible=not reasons,
