@@ -91,13 +91,13 @@ def test_a_ramp_stage_the_layout_cannot_run_makes_the_run_infeasible():
 
 def test_layout_of_gives_back_the_layout_predict_priced():
     w = load_workload("llama31-405b")
-    for lay in (
-        ClusterLayout(gpus=8192, tp=8, pp=8, vp=8, gbs=1024, fp8=True, bf16_grads=True),
-        ClusterLayout(gpus=8192, tp=8, pp=16, gbs=1024, pp_first_layers=3, pp_last_layers=11, recompute="full"),
-        ClusterLayout(gpus=512, tp=4, cp=2, gbs=64, fp8=True, fp4=True, fp4_healing_step=100),
+    for gpu, lay in (
+        ("h100", ClusterLayout(gpus=8192, tp=8, pp=8, vp=8, gbs=1024, fp8=True, bf16_grads=True)),
+        ("h100", ClusterLayout(gpus=8192, tp=8, pp=16, gbs=1024, pp_first_layers=3, pp_last_layers=11)),
+        ("b200", ClusterLayout(gpus=512, tp=4, cp=2, gbs=64, fp8=True, fp4=True, fp4_healing_step=100)),
     ):
-        p = predict(w, lay, "h100", mlperf_run=False)
-        again = predict(w, layout_of(p), "h100", mlperf_run=False)
+        p = predict(w, lay, gpu, mlperf_run=False)
+        again = predict(w, layout_of(p), gpu, mlperf_run=False)
         assert not p.reasons or p.reasons[0].startswith("needs")  # priced (only memory may refuse it)
         assert again.layout == p.layout and again.step_time_s == p.step_time_s
 
