@@ -17,6 +17,7 @@ from scaletrain.sim.cost import (
     DEFAULT_GRID_GCO2_PER_KWH,
     DEFAULT_PUE,
     busy_share,
+    ceiling_share,
     gpu_power_w,
     list_price,
     run_cost,
@@ -39,6 +40,10 @@ def test_gpu_power_is_idle_plus_the_busy_share_of_the_rest_of_the_board_limit():
     assert gpu_power_w(h100, 0.5) == pytest.approx(idle + (700 - idle) / 2)  # 390.25 W
     assert busy_share({"compute": 6.0, "overlap_slowdown": 0.5, "optimizer": 0.5, "pp_bubble": 3.0}, 10.0) == 0.7
     assert busy_share({"compute": 1.0}, 0.0) == 0.0
+    # The FLOP-rate measure: 466 model TFLOP/s of H100's 795 bf16 GEMM ceiling (1,400 FP8).
+    assert ceiling_share(466.0, h100) == pytest.approx(466 / 795)
+    assert ceiling_share(700.0, h100, fp8=True) == pytest.approx(0.5)
+    assert ceiling_share(900.0, h100) == 1.0 and ceiling_share(100.0, CAT.gpu("a100"), fp8=True) == 0.0
 
 
 def test_run_cost_against_hand_computed_numbers():

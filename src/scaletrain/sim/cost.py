@@ -8,8 +8,9 @@ drop to hold it), so a GPU busy all the time is priced at tdp_w. Memory-bound ke
 communication kernels more than idle, so the model errs high on the busy side and low on the waiting side.
 `utilisation` is the busy share of the step, the part spent in the math kernels
 (`busy_share`: compute, its slowdown under overlapped communication, and the optimizer, over the step time); the
-pipeline bubble, exposed communication and synchronisation are counted as idle. A caller with another measure (MFU
-over the kernel ceiling's fraction of the peak, a measured mean power) passes it directly.
+pipeline bubble, exposed communication and synchronisation are counted as idle. The other measure,
+`ceiling_share` (the model FLOP rate over the GEMM ceiling), counts a kernel below the ceiling as partly idle and so
+prices lower; a caller with a measured figure passes it directly.
 
 The rest of each node (`Node.node_overhead_w`: CPUs, memory, NICs, switches, fans, PSU losses, from the system's
 maximum input less its GPUs' limits) is charged in full for every hour, an upper bound on that term. The facility
@@ -100,6 +101,17 @@ def busy_share(breakdown: dict, step_time_s: float) -> float:
         return 0.0
     busy = sum(float(breakdown.get(term, 0.0)) for term in BUSY_TERMS)
     return min(1.0, max(0.0, busy / step_time_s))
+
+
+def ceiling_share(model_tflops_per_gpu: float, gpu: GPU, fp8: bool = False) -> float:
+    """The other measure of utilisation: the model FLOP rate a GPU sustains over its large-GEMM ceiling (bf16, or FP8
+    with `fp8`), in [0, 1] (MFU x dense peak / ceiling). Lower than `busy_share` for the same step, since attention,
+    element-wise kernels and small GEMMs run below the ceiling while still drawing power; the model's default is
+    `busy_share`. 0 for a GPU without that ceiling."""
+    ceiling = gpu.matmul_fp8_tflops if fp8 else gpu.matmul_bf16_tflops
+    if ceiling <= 0:
+        return 0.0
+    return min(1.0, max(0.0, model_tflops_per_gpu / ceiling))
 
 
 def gpu_power_w(gpu: GPU, utilisation: float) -> float | None:
