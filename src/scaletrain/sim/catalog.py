@@ -177,7 +177,7 @@ class PriceEntry:
     source: str
     """The price list or API it was read from, and what that listed."""
     date: str
-    """When the figure was read, YYYY-MM-DD."""
+    """When the figure was read (for an assumed price, when its source was published), YYYY-MM-DD."""
     note: str
     """On-demand, reserved or assumed; region; the per-GPU arithmetic."""
     node: str = ""
