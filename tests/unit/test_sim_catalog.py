@@ -8,14 +8,33 @@ from pathlib import Path
 
 import pytest
 
-from scaletrain.sim.catalog import CatalogError, load_catalog, mfu_peak
+from scaletrain.sim import step
+from scaletrain.sim.catalog import IDLE_FRACTION, CatalogError, load_catalog, mfu_peak
+from scaletrain.sim.comm import Cluster
+from scaletrain.sim.predict import predict
+from scaletrain.sim.workload import ClusterLayout, load_workload
 
-GPUS = ("a100", "h100", "h200", "h200nvl", "b200", "b300", "gb200", "gb300", "mi300x", "mi325x", "mi350x", "mi355x")
+GPUS = (
+    "a100",
+    "h100",
+    "h200",
+    "h200nvl",
+    "h800",
+    "b200",
+    "b300",
+    "gb200",
+    "gb300",
+    "mi300x",
+    "mi325x",
+    "mi350x",
+    "mi355x",
+)
 NODES = (
     "hgx-h100",
     "nd-h100-v5",
     "hgx-h200",
     "nd-h200-v5",
+    "hgx-h800",
     "dgx-a100",
     "dgx-b200",
     "nd-gb200-v6",
@@ -325,6 +344,9 @@ def test_fabric_radix_below_three_is_rejected(tmp_path, radix):
         ("NVIDIA A100-SXM4-80GB", "a100", 312.0),
         ("NVIDIA GB200", "gb200", 2500.0),
         ("NVIDIA B200", "b200", 2250.0),
+        ("NVIDIA H800", "h800", 989.0),
+        ("NVIDIA H800 80GB HBM3", "h800", 989.0),
+        ("NVIDIA H800-SXM5-80GB", "h800", 989.0),
         ("Some Other GPU", None, None),
     ],
 )
@@ -352,3 +374,77 @@ def test_a_bad_name_pattern_is_rejected(tmp_path):
     path = _write(tmp_path, "[gpus.h100]\nname_patterns = ['h100(']\n")
     with pytest.raises(CatalogError, match=r"\[gpus.h100\] name_patterns.*not a regular expression"):
         load_catalog(extra=[str(path)])
+
+
+def test_h800_is_the_h100_die_with_nvlink_cut_to_200_gbps_each_way():
+    cat = load_catalog()
+    h800, h100 = cat.gpu("h800"), cat.gpu("h100")
+    same = ("bf16_tflops", "fp8_tflops", "matmul_bf16_tflops", "matmul_fp8_tflops", "attn_tflops", "hbm_gb", "tdp_w")
+    assert [getattr(h800, f) for f in same] == [getattr(h100, f) for f in same]
+    assert (h800.nvlink_gbps, h100.nvlink_gbps) == (200.0, 450.0)  # 400 GB/s vs 900 GB/s, both directions
+    assert h800.generation == "hopper" and "2412.19437" in h800.source
+    # No H800 kernel was measured: every ceiling is H100's, said to be derived.
+    assert {h800.basis(c) for c in ("matmul_bf16", "matmul_fp8", "attn")} == {"derived"}
+    node = cat.node(h800.default_node)
+    assert (node.key, node.gpus_per_node, node.nvlink_domain, node.nics, node.fabric) == ("hgx-h800", 8, 8, 8, "ib-ndr")
+    # The ring figure is H100's measured one scaled by the NVLink ratio; no NVLS without a source.
+    assert node.nvlink_busbw_gbps == pytest.approx(cat.node("hgx-h100").nvlink_busbw_gbps * 200 / 450, abs=0.5)
+    assert node.nvls_busbw_gbps == 0.0
+    # "h800" steals neither its neighbours nor they it.
+    assert cat.gpu_for_device("NVIDIA H100 80GB HBM3").key == "h100"
+    assert cat.gpu_for_device("NVIDIA H200").key == "h200"
+
+
+def test_predict_h800_prices_a_tp8_step_slower_than_h100_by_its_nvlink_alone(capsys):
+    gpt3 = load_workload("gpt3")
+    lay = ClusterLayout(gpus=64, tp=8, pp=8, mbs=1, gbs=64)
+    h100, h800 = predict(gpt3, lay, "h100"), predict(gpt3, lay, "h800")
+    assert h800.node == "hgx-h800" and h800.feasible
+    # Same die: the same compute; the TP8 ring inside the node is what slows.
+    assert h800.breakdown["compute"] == pytest.approx(h100.breakdown["compute"], rel=1e-12)
+    assert h800.breakdown["tp_exposed"] > 2 * h100.breakdown["tp_exposed"]
+    assert h800.step_time_s > h100.step_time_s
+    cat = load_catalog()
+    slow = step._tp_comm(gpt3, lay, Cluster(*cat.system("h800"), 64))
+    fast = step._tp_comm(gpt3, lay, Cluster(*cat.system("h100"), 64))
+    assert slow / fast == pytest.approx(365 / 162, rel=0.1)  # bandwidth-bound: the busbw ratio, less latency
+    from scaletrain.cli.main import main
+
+    assert main(["predict", "--model", "gpt3-175b", "--gpu", "h800", "--gpus", "64", "--tp", "8", "--pp", "8"]) == 0
+    assert "x h800 (hgx-h800, ib-ndr)" in capsys.readouterr().out
+
+
+def test_every_shipped_gpu_and_node_carries_its_power():
+    cat = load_catalog()
+    for gpu in cat.gpus.values():
+        assert gpu.tdp_w >= 400, gpu.key
+        assert gpu.idle_power_w() == pytest.approx(IDLE_FRACTION * gpu.tdp_w), gpu.key
+    assert cat.gpu("h100").tdp_w == 700 and cat.gpu("b200").tdp_w == 1000 and cat.gpu("mi300x").tdp_w == 750
+    for node in cat.nodes.values():
+        assert node.node_overhead_w > 0, node.key
+    # DGX H100: 10.2 kW maximum less 8 x 700 W; DGX B200: 14.3 kW less 8 x 1,000 W.
+    assert cat.node("hgx-h100").node_overhead_w == 10200 - 8 * 700
+    assert cat.node("dgx-b200").node_overhead_w == 14300 - 8 * 1000
+
+
+@pytest.mark.parametrize(
+    "text, what",
+    [
+        ("[gpus.h100]\nidle_w = 800.0\n", "[gpus.h100] idle_w=800: above tdp_w=700"),
+        ("[gpus.h100]\ntdp_w = -700.0\n", "[gpus.h100] tdp_w=-700.0"),
+        ("[nodes.hgx-h100]\nnode_overhead_w = nan\n", "[nodes.hgx-h100] node_overhead_w=nan"),
+        (NEW_GPU + "idle_w = 50.0\n" + NEW_NODE, "[gpus.mi999] idle_w=50: above tdp_w=0"),
+    ],
+    ids=["idle-above-tdp", "negative-tdp", "nan-overhead", "idle-without-tdp"],
+)
+def test_bad_power_fields_are_one_line_naming_the_file_and_entry(tmp_path, text, what):
+    path = _write(tmp_path, text)
+    with pytest.raises(CatalogError) as exc:
+        load_catalog(extra=[str(path)])
+    msg = str(exc.value)
+    assert str(path) in msg and what in msg and "\n" not in msg
+
+
+def test_a_user_gpu_without_power_fields_loads_with_the_defaults(tmp_path):
+    cat = load_catalog(extra=[str(_write(tmp_path, NEW_GPU + NEW_NODE))])
+    assert (cat.gpu("mi999").tdp_w, cat.gpu("mi999").idle_power_w(), cat.node("mi999-box").node_overhead_w) == (0, 0, 0)

@@ -15,6 +15,7 @@ from pathlib import Path
 from scaletrain import benchmarks
 from scaletrain.cli import pretrain_report
 from scaletrain.cli.calibrate_modes import calibrate_from_runs, calibrate_layer_timings
+from scaletrain.cli.cost_args import add_prices_parser
 from scaletrain.cli.run_lines import plan_run_lines, print_run_lines
 from scaletrain.cli.validate_report import print_rates, print_terms, print_validation
 from scaletrain.config_bounds import DEGREE_MAX, TOP_MAX, float_flag, int_flag
@@ -421,7 +422,7 @@ LAYOUT_DEGREES = {
 
 
 def add_parsers(sub) -> None:
-    """Attach predict, plan and sim (validate, calibrate, plot) to the `scaletrain` subparsers."""
+    """Attach predict, plan and sim (validate, calibrate, plot, prices) to the `scaletrain` subparsers."""
     _add_predict(sub)
     _add_plan(sub)
     p = sub.add_parser("sim", help="validate, plot and calibrate the performance model")
@@ -429,6 +430,7 @@ def add_parsers(sub) -> None:
     _add_validate(ssub)
     _add_calibrate(ssub)
     _add_plot(ssub)
+    add_prices_parser(ssub)
 
 
 def _catalog_flag(p) -> None:

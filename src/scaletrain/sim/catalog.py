@@ -1,16 +1,18 @@
-"""Hardware catalog: GPUs, their generations, nodes (NVLink domains) and scale-out fabrics, loaded from TOML data files.
+"""Hardware catalog: GPUs, their generations, nodes (NVLink domains), scale-out fabrics and cloud prices, loaded from
+TOML data files.
 
 The shipped files live in `sim/hardware/*.toml`, each entry with its source. They hold every hardware fact the
 simulator uses, names included: a GPU's generation (which fitted efficiency set prices it), its default node, the
 patterns that find it in a device name or a published result's accelerator text, and a generation's reference SKU.
 Users add or override entries with their own TOML (same tables: [gpus.<key>], [generations.<key>], [nodes.<key>],
-[fabrics.<key>]) through `--catalog FILE` or $SCALETRAIN_CATALOG (colon-separated files), so adding a GPU is one
+[fabrics.<key>], [prices.<key>]) through `--catalog FILE` or $SCALETRAIN_CATALOG (colon-separated files), so adding a GPU is one
 entry (and its node). A new entry needs every field; an entry that overrides a known key may give only the fields
 it changes.
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
 import math
 import os
@@ -38,6 +40,11 @@ forward rate the compute model prices against (`sim/compute.py`)."""
 MEASURED, DERIVED = "measured", "derived"
 """A ceiling's basis (`GPU.ceiling_basis`): a public measurement, or derived from other figures. Derived is the
 default: a value nobody says was measured is not counted as one."""
+
+IDLE_FRACTION = 0.115
+"""A GPU's idle draw over its board power limit where its entry gives no idle_w: 80.3 W of 700 W, one public
+measurement of an H200 SXM with no kernel running (ALICE GPU energy benchmark, TDX-attested nvidia-smi samples, June
+2026). No vendor publishes an idle figure, so this one ratio is applied to every GPU (gpus.toml header)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,11 @@ class GPU:
     name_patterns: tuple[str, ...] = ()
     """Regular expressions that find this GPU in a device name or accelerator text (`Catalog.gpu_for_device`);
     empty = the key itself."""
+    tdp_w: float = 0.0
+    """Board power limit in W (the datasheet's max TDP / total board power); 0 = not known, and then no energy is
+    priced for this GPU."""
+    idle_w: float = 0.0
+    """Board draw with no kernel running, in W; 0 = not given: IDLE_FRACTION x tdp_w (`idle_power_w`)."""
     ceiling_basis: tuple[tuple[str, str], ...] = tuple((c, DERIVED) for c in CEILINGS)
     """(ceiling, "measured" | "derived") for each of CEILINGS, in that order: whether the ceiling is a public
     measurement or derived from other figures (a peak times a measured part's ceiling/peak, an assumed speed-up).
@@ -86,6 +98,10 @@ class GPU:
         """The basis of the `<ceiling>_tflops` field, "measured" or "derived"; `ceiling` is one of CEILINGS
         ("matmul_bf16", "matmul_fp8", "matmul_fp4", "attn")."""
         return dict(self.ceiling_basis)[ceiling]
+
+    def idle_power_w(self) -> float:
+        """The board's idle draw in W: idle_w where the entry gives one, else IDLE_FRACTION x tdp_w."""
+        return self.idle_w or IDLE_FRACTION * self.tdp_w
 
 
 @dataclass(frozen=True)
@@ -121,6 +137,9 @@ class Node:
     system_patterns: tuple[str, ...] = ()
     """Regular expressions that pick this node instead of its GPU's default node for a published result whose
     submitter and system text matches one (`Catalog.node_for_system`)."""
+    node_overhead_w: float = 0.0
+    """Power of the node besides its GPUs (CPUs, memory, NICs, NVSwitches, fans, PSU losses) in W: the system's
+    maximum input power less its GPUs' board limits; 0 = not known (energy then counts the GPUs only)."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +165,26 @@ class Fabric:
         return level
 
 
-_KINDS = {"gpus": GPU, "generations": Generation, "nodes": Node, "fabrics": Fabric}
+@dataclass(frozen=True)
+class PriceEntry:
+    """A published price of one GPU-hour: a cloud's list price for a node type, with where and when it was read."""
+
+    key: str
+    gpu: str
+    """Key of the GPU the price is for."""
+    usd_per_gpu_hour: float
+    """US dollars per GPU-hour (a multi-GPU VM's price over its GPUs); > 0."""
+    source: str
+    """The price list or API it was read from, and what that listed."""
+    date: str
+    """When the figure was read (for an assumed price, when its source was published), YYYY-MM-DD."""
+    note: str
+    """On-demand, reserved or assumed; region; the per-GPU arithmetic."""
+    node: str = ""
+    """Key of the node type the price is for; empty = any node of the GPU."""
+
+
+_KINDS = {"gpus": GPU, "generations": Generation, "nodes": Node, "fabrics": Fabric, "prices": PriceEntry}
 
 DEFAULT_GPU = "h100"
 """The GPU the commands price when --gpu is not given."""
@@ -165,6 +203,8 @@ class Catalog:
     nodes: dict
     fabrics: dict
     generations: dict = field(default_factory=dict)
+    prices: dict = field(default_factory=dict)
+    """Key -> PriceEntry, in file order (`sim/cost.py` `list_price` picks the first that fits)."""
     origin: dict = field(default_factory=dict)
     """(kind, key) -> the file that last defined the entry, for error messages."""
 
@@ -286,9 +326,28 @@ def _build(kind: str, key: str, table: dict, where: str, base=None):
         values[f.name] = value
     if kind == "nodes" and values.get("topology", "switch") not in ("switch", "mesh"):
         raise CatalogError(f"{where}: [{kind}.{key}] topology={values['topology']!r}: must be switch or mesh")
+    if kind == "gpus" and values.get("idle_w", 0.0) > values.get("tdp_w", 0.0):
+        raise CatalogError(
+            f"{where}: [{kind}.{key}] idle_w={values['idle_w']:g}: above tdp_w={values.get('tdp_w', 0.0):g} "
+            "(give tdp_w, the board power limit, with it)"
+        )
+    if kind == "prices":
+        _check_price(values, key, where)
     if kind == "fabrics" and values.get("radix", 3) < 3:
         raise CatalogError(f"{where}: [{kind}.{key}] radix={values['radix']}: a switch needs at least 3 ports")
     return cls(key=key.lower(), **values)
+
+
+def _check_price(values: dict, key: str, where: str) -> None:
+    """A price entry's own values: a positive price and a real date (its gpu and node are checked with the rest)."""
+    if values["usd_per_gpu_hour"] <= 0:
+        raise CatalogError(
+            f"{where}: [prices.{key}] usd_per_gpu_hour={values['usd_per_gpu_hour']:g}: must be a price above 0"
+        )
+    try:
+        datetime.date.fromisoformat(values["date"])
+    except ValueError:
+        raise CatalogError(f"{where}: [prices.{key}] date={values['date']!r}: must be a date YYYY-MM-DD") from None
 
 
 def _with_basis(table: dict, key: str, where: str, base: GPU | None) -> dict:
@@ -327,7 +386,7 @@ def _merge_file(cat: Catalog, text: str, where: str, nested: str | None) -> None
     tables = {nested: data} if nested else data
     for kind, entries in tables.items():
         if kind not in _KINDS:
-            raise CatalogError(f"{where}: unknown table [{kind}] (use gpus, generations, nodes or fabrics)")
+            raise CatalogError(f"{where}: unknown table [{kind}] (use gpus, generations, nodes, fabrics or prices)")
         if not isinstance(entries, dict):
             raise CatalogError(f"{where}: [{kind}] must be a table of entries, got {entries!r}")
         for key, table in entries.items():
@@ -377,6 +436,17 @@ def _check_references(cat: Catalog) -> None:
             raise CatalogError(f"{where}: node {node.key!r} names unknown fabric {node.fabric!r}")
         if node.nvlink_domain % node.gpus_per_node:
             raise CatalogError(f"{where}: node {node.key!r}: nvlink_domain must be a multiple of gpus_per_node")
+    for price in cat.prices.values():
+        where = cat.origin.get(("prices", price.key), "catalog")
+        if price.gpu not in cat.gpus:
+            raise CatalogError(f"{where}: price {price.key!r} names unknown gpu {price.gpu!r}")
+        if price.node and cat.nodes.get(price.node) is None:
+            raise CatalogError(f"{where}: price {price.key!r} names unknown node {price.node!r}")
+        if price.node and cat.nodes[price.node].gpu != price.gpu:
+            raise CatalogError(
+                f"{where}: price {price.key!r}: node {price.node!r} holds {cat.nodes[price.node].gpu!r} GPUs, "
+                f"not {price.gpu!r}"
+            )
 
 
 def shipped_keys(kind: str) -> list[str]:
