@@ -406,8 +406,9 @@ LAYOUT_DEGREES = {
 """predict's layout flags and what each degree splits."""
 
 
-def add_parsers(sub) -> None:
-    """Attach predict, plan and sim (validate, calibrate, plot) to the `scaletrain` subparsers."""
+def add_parsers(sub):
+    """Attach predict, plan and sim (validate, calibrate, plot) to the `scaletrain` subparsers; returns the `sim`
+    subparsers (`cli/goodput.py` adds its commands there)."""
     _add_predict(sub)
     _add_plan(sub)
     p = sub.add_parser("sim", help="validate, plot and calibrate the performance model")
@@ -415,6 +416,7 @@ def add_parsers(sub) -> None:
     _add_validate(ssub)
     _add_calibrate(ssub)
     _add_plot(ssub)
+    return ssub
 
 
 def _catalog_flag(p) -> None:
