@@ -157,7 +157,8 @@ def young_interval(save_s: float, mtbf_s: float) -> float:
 
 
 def daly_interval(save_s: float, mtbf_s: float) -> float:
-    """Daly (2006) eq. 37: sqrt(2 delta M) [1 + sqrt(delta/2M)/3 + (delta/2M)/9] - delta for delta < 2M, else M."""
+    """Daly (2006)'s higher-order estimate of the optimum: sqrt(2 delta M) [1 + sqrt(delta/2M)/3 + (delta/2M)/9] -
+    delta for delta < 2M, else M."""
     if save_s >= 2.0 * mtbf_s:
         return mtbf_s
     x = save_s / (2.0 * mtbf_s)
