@@ -79,3 +79,15 @@ def test_interval_steps_auto_from_toml_and_bad_words(tmp_path):
         assert "checkpoint.interval_steps" in str(info.value) and "\n" not in str(info.value)
     with pytest.raises(ConfigError, match="checkpoint.storage_gbps"):
         resolve("gpt3-proxy", overrides=["checkpoint.storage_gbps=0"], host=False)
+
+
+def test_auto_interval_on_a_catalog_gpu_uses_its_node():
+    auto = ["checkpoint.interval_steps=auto", "train.micro_batch_size=1"]
+    cfg = resolve("gpt3-proxy", overrides=auto, host=False)
+    layout = Layout.from_config(cfg, 16)
+    cuda = {"device": {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "catalog_key": "h100"}, "step_time_s": 0.5}
+    steps, seconds, line = resolve_auto_interval(cfg, layout, cuda)
+    # 16 H100s fill 2 HGX nodes at the catalog's 0.98 GB/s each: the line names both.
+    assert steps >= 1 and seconds == 0.0 and "over 2 node(s) at 0.977 GB/s" in line and "x 16 GPUs" in line
+    faster = resolve("gpt3-proxy", overrides=[*auto, "checkpoint.storage_gbps=9.5"], host=False)
+    assert "at 9.5 GB/s" in resolve_auto_interval(faster, layout, cuda)[2]
