@@ -158,6 +158,8 @@ BOUNDS: dict[str, Bound] = {
     "checkpoint.interval_steps": _i(0, INT64_MAX, _OFF),
     "checkpoint.interval_minutes": _f(0, why=_OFF),
     "checkpoint.keep": _i(0, DEGREE_MAX, "0 keeps all"),
+    "checkpoint.interruptions_per_gpu_hour": _f(-1, 1, why="-1 = the published fleet rate"),
+    "checkpoint.storage_gbps": _f(-1, 1e6, why="-1 = the catalog node's"),
     # bench
     "bench.runs": _i(1, RUNS_MAX),
 }

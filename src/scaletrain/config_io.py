@@ -210,7 +210,18 @@ def merge(cfg: Any, table: dict[str, Any], where: str, prefix: str = "") -> None
             setattr(cfg, key, _coerce(value, current, path, where))
 
 
+INT_OR_AUTO = frozenset({"checkpoint.interval_steps"})
+"""Integer fields that also take the word "auto" (the trainer computes the value when the run starts)."""
+
+
 def _coerce(value: Any, current: Any, path: str, where: str) -> Any:
+    if path in INT_OR_AUTO:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        try:
+            return _coerce(value, 0, "", where)
+        except ConfigError:
+            raise ConfigError(f"{where}: {path}={value!r} is not a valid int or 'auto'") from None
     kind = type(current)
     if kind is bool:
         if isinstance(value, bool):

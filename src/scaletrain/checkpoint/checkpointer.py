@@ -79,9 +79,12 @@ class Checkpointer:
         k = cfg.checkpoint
         self.cfg = cfg
         self.root = Path(k.dir) if k.dir else Path(run_dir) / "checkpoints"
-        self.interval_steps, self.interval_s = k.interval_steps, k.interval_minutes * 60.0
+        # "auto": the trainer sets the interval at run start (`set_interval`), from the failure model.
+        self.auto = k.interval_steps == "auto"
+        self.interval_steps = 0 if self.auto else int(k.interval_steps)
+        self.interval_s = k.interval_minutes * 60.0
         self.keep, self.async_save, self.verify_mode = k.keep, k.async_save, k.verify
-        self.enabled = self.interval_steps > 0 or self.interval_s > 0
+        self.enabled = self.interval_steps > 0 or self.interval_s > 0 or self.auto
         # A run asked for checkpoints (a trigger, or a folder named for them) keeps its final state too.
         self.save_final = self.enabled or bool(k.dir) or k.final
         self.last_step = 0
@@ -114,6 +117,15 @@ class Checkpointer:
                     flat["optim." + key.replace(".embed.tok.weight", ".head.weight")] = osd[key]
             per_part.append((msd, osd))
         return flat, per_part
+
+    def set_interval(self, steps: int, seconds: float) -> None:
+        """The interval checkpoint.interval_steps="auto" resolved to: a step trigger of `steps` (> 0), or else a
+        time trigger of `seconds` (when the run has no predicted step time); an interval_minutes given as well
+        stays, the earlier trigger saving first."""
+        if steps > 0:
+            self.interval_steps = steps
+        elif seconds > 0 and not self.interval_s:
+            self.interval_s = seconds
 
     # ------------------------------------------------------------------ save
     def due(self, step: int) -> bool:

@@ -278,9 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report_parser(sub)
     _add_config_parser(sub)
 
+    from scaletrain.cli.goodput import add_parsers as add_goodput_parsers
     from scaletrain.cli.sim import add_parsers
 
-    add_parsers(sub)
+    add_goodput_parsers(add_parsers(sub))
     return parser
 
 

@@ -8,10 +8,23 @@ import json
 from collections.abc import Callable
 from dataclasses import replace
 
-from scaletrain.config_bounds import int_flag
+from scaletrain.cli.cost_args import cost_args, cost_from_args, cost_lines
+from scaletrain.config_bounds import float_flag, int_flag
 from scaletrain.sim.catalog import load_catalog
-from scaletrain.sim.predict import Prediction
-from scaletrain.sim.pretrain import Pretraining, RampStage, layout_of, parse_count, parse_ramp, price_pretraining
+from scaletrain.sim.cost import RunCost, busy_share
+from scaletrain.sim.efficiency import efficiency_for
+from scaletrain.sim.goodput import (
+    INTERRUPTIONS_PER_GPU_HOUR,
+    LLAMA3_GPUS,
+    LLAMA3_SNAPSHOT_DAYS,
+    LLAMA3_UNEXPECTED_INTERRUPTIONS,
+    RELAUNCH_S,
+    Goodput,
+    goodput_for,
+)
+from scaletrain.sim.predict import Prediction, benchmark_of
+from scaletrain.sim.pretrain import TOKENS_MAX, Pretraining, RampStage, layout_of, parse_ramp, price_pretraining
+from scaletrain.sim.units import count_flag, format_count
 from scaletrain.sim.workload import ClusterLayout, Workload
 
 SEQ_MAX = 2**22
@@ -19,9 +32,11 @@ SEQ_MAX = 2**22
 
 
 def token_flags(p) -> None:
-    """The token-budget flags predict and plan share."""
+    """The token-budget flags predict, plan and `sim goodput` share: the budget, the sequence and the batch ramp,
+    the failure model's and the cost's."""
     p.add_argument(
         "--tokens",
+        type=count_flag(TOKENS_MAX),
         metavar="N",
         help="price a pretraining run to N tokens (300B, 15.6T, 2.5e12) instead of an MLPerf run: days, tokens/s, "
         "MFU and the step breakdown (--json adds a 'pretraining' key; the MLPerf keys are null)",
@@ -38,12 +53,56 @@ def token_flags(p) -> None:
         help="with --tokens: a global-batch ramp, each stage's batch from its token count on, e.g. "
         "3072@0,9216@200B,15360@469B (DeepSeek-V3 grew 3,072 to 15,360 over its first 469B tokens); replaces --gbs",
     )
+    failure_flags(p)
+    cost_args(p)
+
+
+def failure_flags(p) -> None:
+    """With --tokens: the failure model's flags (`sim.goodput`)."""
+    p.add_argument(
+        "--interruptions-per-gpu-hour",
+        type=float_flag(1e-12, 1.0),
+        default=None,
+        metavar="X",
+        help=f"job interruptions per GPU-hour, Poisson (default {INTERRUPTIONS_PER_GPU_HOUR:.3g}: Llama 3's "
+        f"{LLAMA3_UNEXPECTED_INTERRUPTIONS} unexpected interruptions in {LLAMA3_SNAPSHOT_DAYS} days on "
+        f"{LLAMA3_GPUS:,} H100s, arXiv:2407.21783 §3.3.4)",
+    )
+    p.add_argument(
+        "--storage-gbps",
+        type=float_flag(1e-6, 1e6),
+        default=None,
+        metavar="GB/S",
+        help="checkpoint write/read bandwidth per node, GB/s (default: the node's storage_gbps in the catalog, "
+        "0.98: Llama 3's 2 TB/s Tectonic over 2,048 nodes)",
+    )
+    p.add_argument(
+        "--async-checkpoint",
+        action="store_true",
+        help="asynchronous checkpoints: only the device-to-host copy blocks (the node's host_copy_gbps per GPU); "
+        "the write goes on in the background",
+    )
+    p.add_argument(
+        "--checkpoint-interval-min",
+        type=float_flag(1e-6, 1e7),
+        default=None,
+        metavar="MIN",
+        help="price this checkpoint interval (minutes of training) instead of Daly's optimum",
+    )
+    p.add_argument(
+        "--relaunch-min",
+        type=float_flag(0.0, 1e5),
+        default=RELAUNCH_S / 60,
+        metavar="MIN",
+        help=f"minutes from a failure to the job's processes running again, before the restore and the warm-up "
+        f"(default {RELAUNCH_S / 60:g}, Daly 2006's R)",
+    )
 
 
 def resolve(args) -> tuple[float | None, tuple[RampStage, ...]]:
     """(--tokens as a count or None, the --gbs-ramp stages or ()); ValueError (one line) for a bad value or a flag
     that needs --tokens."""
-    tokens = parse_count(args.tokens) if getattr(args, "tokens", None) is not None else None
+    tokens = float(args.tokens) if getattr(args, "tokens", None) is not None else None
     ramp = parse_ramp(args.gbs_ramp) if getattr(args, "gbs_ramp", None) else ()
     if tokens is None and (ramp or getattr(args, "seq", None)):
         raise ValueError("--seq and --gbs-ramp need --tokens (they describe a pretraining run)")
@@ -57,23 +116,48 @@ def with_seq(w: Workload, args) -> Workload:
     return replace(w, seq_len=args.seq) if getattr(args, "seq", None) else w
 
 
+def price_run(args, w: Workload, layout: ClusterLayout, cat=None) -> tuple[Prediction, Pretraining, Goodput | None]:
+    """The run the flags describe: `w` (at --seq) in `layout` to --tokens over the --gbs-ramp, with its failures and
+    checkpoints (`sim.goodput`, from the failure flags) and its money and energy (`sim.cost`, over the expected wall
+    time at the step's busy share) filled in; the Goodput is None when the run cannot be priced."""
+    tokens, ramp = resolve(args)
+    assert tokens is not None, "price_run needs --tokens"
+    cat = cat or load_catalog(args.catalog)
+    w = with_seq(w, args)
+    main, run = price_pretraining(
+        w, layout, tokens, args.gpu, args.node, args.fabric, args.calibration, ramp=ramp, catalog=cat
+    )
+    if run.train_s is None:
+        return main, run, None
+    g, n, _ = cat.system(main.gpu, main.node, main.fabric)
+    _, eff = efficiency_for(args.calibration, g.key, benchmark_of(w.name), cat)
+    interval = getattr(args, "checkpoint_interval_min", None)
+    good = goodput_for(
+        w,
+        layout,
+        n,
+        eff,
+        run.train_s,
+        main.step_time_s,
+        storage_gbps=getattr(args, "storage_gbps", None),
+        async_save=bool(getattr(args, "async_checkpoint", False)),
+        interruptions_per_gpu_hour=getattr(args, "interruptions_per_gpu_hour", None),
+        interval_s=None if interval is None else 60.0 * interval,
+        relaunch_s=60.0 * getattr(args, "relaunch_min", RELAUNCH_S / 60),
+    )
+    run.goodput = good.to_dict()
+    # The cluster is held for the expected wall time; its GPUs are busy the step's busy share of it.
+    rc = cost_from_args(
+        args, g, n, layout.gpus, good.expected_days * 24, busy_share(main.breakdown, main.step_time_s), cat
+    )
+    run.cost = rc.to_dict()
+    return main, run, good
+
+
 def predict_tokens(args, w: Workload, layout: ClusterLayout, show: Callable[[Prediction], None]) -> int:
     """`predict --tokens`: print the run (text or JSON; `show` prints the prediction at the largest batch); 0 when
     feasible, 1 when not."""
-    tokens, ramp = resolve(args)
-    assert tokens is not None
-    w = with_seq(w, args)
-    main, run = price_pretraining(
-        w,
-        layout,
-        tokens,
-        args.gpu,
-        args.node,
-        args.fabric,
-        args.calibration,
-        ramp=ramp,
-        catalog=load_catalog(args.catalog),
-    )
+    main, run, _ = price_run(args, w, layout)
     if args.json:
         print(json.dumps({**main.to_dict(), "pretraining": run.to_dict()}, indent=2))
     else:
@@ -88,7 +172,7 @@ def print_pretraining(run: Pretraining, out=None) -> None:
         print("  pretraining run: NOT FEASIBLE: " + "; ".join(run.reasons), file=out)
         return
     print(
-        f"  pretraining {_count(run.tokens)} tokens of {run.seq_len:,}: {run.steps:,.0f} steps, "
+        f"  pretraining {format_count(run.tokens)} tokens of {run.seq_len:,}: {run.steps:,.0f} steps, "
         f"{run.days:.2f} days without failures | {run.tokens_per_s / 1e6:.2f}M tokens/s "
         f"({run.tokens_per_s_per_gpu:,.0f}/GPU) | MFU {100 * run.mfu:.1f}%",
         file=out,
@@ -96,19 +180,44 @@ def print_pretraining(run: Pretraining, out=None) -> None:
     if len(run.stages) > 1:
         for s in run.stages:
             print(
-                f"    GBS {s.gbs:>6,}: {_count(s.tokens)} tokens, {s.steps:,.0f} steps x {s.step_time_s:.3f} s = "
+                f"    GBS {s.gbs:>6,}: {format_count(s.tokens)} tokens, {s.steps:,.0f} steps x {s.step_time_s:.3f} s = "
                 f"{s.seconds / 86400:.2f} days, MFU {100 * s.mfu:.1f}%",
                 file=out,
             )
+    g = run.goodput
+    if g:
+        print(
+            f"  failures: {g['interruptions_per_gpu_hour']:.3g} interruptions per GPU-hour, MTBF {g['mtbf_h']:.2f} h"
+            f" | checkpoint {g['ckpt_bytes'] / 1e12:.3g} TB, save {g['save_s']:.3g} s"
+            f"{' blocking (async)' if g['async_save'] else ''}, every {g['interval_steps']:,} steps "
+            f"({g['interval_s'] / 60:.1f} min) | restart {g['restart_s'] / 60:.1f} min",
+            file=out,
+        )
+        print(
+            f"  goodput {100 * g['goodput']:.1f}%: expected {g['expected_days']:.2f} days, "
+            f"{g['expected_failures']:,.0f} interruptions",
+            file=out,
+        )
+    if run.cost:
+        for line in cost_lines(RunCost(**run.cost)):
+            print("  " + line, file=out)
     if not run.feasible:
         print("  NOT FEASIBLE: " + "; ".join(run.reasons), file=out)
 
 
-def _count(x: float) -> str:
-    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
-        if x >= div:
-            return f"{x / div:.4g}{suffix}"
-    return f"{x:,.0f}"
+RANK_BY = ("time", "cost", "energy")
+"""What `plan --tokens --rank-by` orders the best layouts by: expected days, dollars, or facility MWh."""
+
+
+def rank_key(run: Pretraining, by: str) -> tuple:
+    """Sort key of a priced run under `by` (RANK_BY): unpriceable runs last, then the expected days (with failures),
+    the cost (runs without a price after those with one) or the energy; ties by the expected days."""
+    g, c = run.goodput or {}, run.cost or {}
+    days = g.get("expected_days", run.days)
+    if days is None:
+        return (2, 0.0, 0.0)
+    value = {"time": days, "cost": c.get("usd"), "energy": c.get("energy_mwh")}[by]
+    return (0 if value is not None else 1, value or 0.0, days)
 
 
 __all__ = ["token_flags", "resolve", "with_seq", "predict_tokens", "print_pretraining", "plan_tokens"]
@@ -126,10 +235,9 @@ def plan_tokens(
     assert tokens is not None
     if args.gbs is None and not ramp:
         raise ValueError("plan --tokens needs --gbs or --gbs-ramp: the batch is a training choice the search keeps")
-    w = with_seq(w, args)
     cat = load_catalog(args.catalog)
     res = plan(
-        w,
+        with_seq(w, args),
         args.gpu,
         args.gpus,
         args.node,
@@ -148,11 +256,9 @@ def plan_tokens(
     )
     runs = []
     for p in res.best:
-        main, run = price_pretraining(
-            w, layout_of(p), tokens, p.gpu, p.node, p.fabric, args.calibration, ramp=ramp, catalog=cat
-        )
+        main, run, _ = price_run(args, w, layout_of(p), cat)
         runs.append((main, run, run_lines(main)))
-    runs.sort(key=lambda r: (r[1].train_s is None, r[1].train_s or 0.0))
+    runs.sort(key=lambda r: rank_key(r[1], args.rank_by))
     if args.json:
         print(json.dumps([{**m.to_dict(), "pretraining": r.to_dict(), **lines} for m, r, lines in runs], indent=2))
         return 0 if runs else 1

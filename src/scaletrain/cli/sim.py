@@ -421,8 +421,9 @@ LAYOUT_DEGREES = {
 """predict's layout flags and what each degree splits."""
 
 
-def add_parsers(sub) -> None:
-    """Attach predict, plan and sim (validate, calibrate, plot, prices) to the `scaletrain` subparsers."""
+def add_parsers(sub):
+    """Attach predict, plan and sim (validate, calibrate, plot, prices) to the `scaletrain` subparsers; returns the
+    `sim` subparsers (`cli/goodput.py` adds its commands there)."""
     _add_predict(sub)
     _add_plan(sub)
     p = sub.add_parser("sim", help="validate, plot and calibrate the performance model")
@@ -431,6 +432,7 @@ def add_parsers(sub) -> None:
     _add_calibrate(ssub)
     _add_plot(ssub)
     add_prices_parser(ssub)
+    return ssub
 
 
 def _catalog_flag(p) -> None:
@@ -612,6 +614,13 @@ def _add_plan(sub) -> None:
         action="store_true",
         help="price what `scaletrain train` runs (FSDP2 = ZeRO-3 over dp·cp at every pipeline depth, fp32 gradient "
         "reduction) instead of Megatron's MLPerf recipe (distributed optimizer, bf16 gradients under FP8)",
+    )
+    p.add_argument(
+        "--rank-by",
+        default="time",
+        choices=pretrain_report.RANK_BY,
+        help="with --tokens: order the best layouts by the run's expected days with failures (time, default), its "
+        "cost (cost) or its facility energy (energy)",
     )
     p.set_defaults(func=cmd_plan)
 

@@ -115,6 +115,15 @@ class Generation:
     multiplier on it (`sku_gemm`)."""
 
 
+DEFAULT_STORAGE_GBPS = 2000.0 / 2048
+"""A node's checkpoint storage bandwidth when no public figure exists for it, GB/s: Llama 3's storage (Dubey et al.
+2024, arXiv:2407.21783, §3.3.1: Tectonic, "a sustainable throughput of 2 TB/s") shared by the 2,048 eight-GPU nodes
+of its 16,384-H100 job: 2000 / 2048 = 0.98 GB/s per node, conservative for a smaller job on the same storage."""
+DEFAULT_HOST_COPY_GBPS = 50.0
+"""A GPU's device-to-host copy rate when the node gives none, GB/s: PCIe Gen5 x16 is 64 GB/s per direction raw;
+pinned-memory copies measure about 50 GB/s on H100 hosts (nvbandwidth / bandwidthTest)."""
+
+
 @dataclass(frozen=True)
 class Node:
     """A node: GPUs sharing NICs, and the NVLink domain they sit in."""
@@ -140,6 +149,12 @@ class Node:
     node_overhead_w: float = 0.0
     """Power of the node besides its GPUs (CPUs, memory, NICs, NVSwitches, fans, PSU losses) in W: the system's
     maximum input power less its GPUs' board limits; 0 = not known (energy then counts the GPUs only)."""
+    storage_gbps: float = DEFAULT_STORAGE_GBPS
+    """Sustained write (and read) bandwidth of the node to the shared file system checkpoints go to, GB/s
+    (`sim/goodput.py`); default `DEFAULT_STORAGE_GBPS`."""
+    host_copy_gbps: float = DEFAULT_HOST_COPY_GBPS
+    """Device-to-host copy rate per GPU, GB/s: the blocking part of an asynchronous checkpoint (the GPU's state is
+    staged in host memory, then written in the background); default `DEFAULT_HOST_COPY_GBPS`."""
 
 
 @dataclass(frozen=True)
@@ -324,6 +339,10 @@ def _build(kind: str, key: str, table: dict, where: str, base=None):
         except (TypeError, ValueError) as exc:
             raise CatalogError(f"{where}: [{kind}.{key}] {f.name}={table[f.name]!r}: {exc}") from None
         values[f.name] = value
+    for name in ("storage_gbps", "host_copy_gbps"):
+        if kind == "nodes" and name in values and values[name] <= 0:
+            # A checkpoint's time divides by it: 0 would be an infinite save, not a missing figure.
+            raise CatalogError(f"{where}: [{kind}.{key}] {name}={values[name]}: must be a rate above 0 GB/s")
     if kind == "nodes" and values.get("topology", "switch") not in ("switch", "mesh"):
         raise CatalogError(f"{where}: [{kind}.{key}] topology={values['topology']!r}: must be switch or mesh")
     if kind == "gpus" and values.get("idle_w", 0.0) > values.get("tdp_w", 0.0):

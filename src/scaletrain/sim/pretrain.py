@@ -10,29 +10,14 @@ steps. Failures, checkpoints, cost and energy come on top (`goodput`, `cost`), f
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from scaletrain.sim.predict import Prediction, predict
+from scaletrain.sim.units import parse_count
 from scaletrain.sim.workload import ClusterLayout, Workload
-
-SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
-"""Multipliers of a count's suffix: 15.6T tokens, 300B tokens (B as the papers write billions, G as SI)."""
 
 TOKENS_MAX = 1e16
 """Largest token budget taken: 10 quadrillion tokens, 600x the largest published pretraining run (15.6T)."""
-
-
-def parse_count(text: str, what: str = "--tokens", lo: float = 1.0, hi: float = TOKENS_MAX) -> float:
-    """A count with an optional K/M/B/G/T/P suffix ("15.6T", "300B", "2.5e12", "469B") as a float; ValueError with
-    one line naming `what` for anything else (negative, NaN, infinite, out of [lo, hi])."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMBGTPkmbgtp]?)\s*", str(text))
-    if not m:
-        raise ValueError(f"{what} {text!r}: expected a count such as 300B, 15.6T or 2.5e12")
-    value = float(m.group(1)) * SUFFIX[m.group(2).upper()]
-    if not (lo <= value <= hi):
-        raise ValueError(f"{what} {text!r}: must be between {lo:g} and {hi:g}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -51,7 +36,7 @@ def parse_ramp(text: str) -> tuple[RampStage, ...]:
         gbs, sep, start = part.strip().partition("@")
         if not sep or not gbs.strip().isdecimal() or int(gbs) < 1:
             raise ValueError(f"--gbs-ramp {text!r}: each stage is GBS@TOKENS with GBS >= 1, e.g. 3072@0,15360@469B")
-        at = 0.0 if start.strip() == "0" else parse_count(start, "--gbs-ramp start")
+        at = 0.0 if start.strip() == "0" else float(parse_count(start, f"--gbs-ramp {text!r}: start"))
         stages.append(RampStage(int(gbs), at))
     if stages[0].start_tokens != 0:
         raise ValueError(f"--gbs-ramp {text!r}: the first stage must start at 0 tokens")
@@ -67,8 +52,8 @@ class StagePrice:
     gbs: int
     tokens: float
     """Tokens trained in this stage."""
-    steps: float
-    """Optimizer steps of this stage (the last one may be partial: the budget is tokens, not steps)."""
+    steps: int
+    """Optimizer steps of this stage: its tokens over the batch's, rounded up (the budget's last step is whole)."""
     step_time_s: float
     seconds: float
     tokens_per_s: float
@@ -84,7 +69,8 @@ class Pretraining:
     tokens: float
     seq_len: int
     stages: list[StagePrice]
-    steps: float
+    steps: int
+    """Optimizer steps of the whole run (each stage's rounded up)."""
     train_s: float | None
     """Seconds of training steps without failures or checkpoints (the ideal run); None when a stage cannot run."""
     days: float | None
@@ -161,7 +147,9 @@ def price_pretraining(
     ok = bool(priced) and len(priced) == sum(1 for n in parts if n > 0)
     train_s = sum(s.seconds for s in priced) if ok else 0.0
     ok = ok and train_s > 0
-    flops = tokens * w.flops_per_token
+    # What the whole steps train (the budget rounded up to them) over the time they take.
+    trained = sum(s.steps * s.gbs * w.seq_len for s in priced)
+    flops = trained * w.flops_per_token
     run = Pretraining(
         tokens=tokens,
         seq_len=w.seq_len,
@@ -169,8 +157,8 @@ def price_pretraining(
         steps=sum(s.steps for s in priced),
         train_s=train_s if ok else None,
         days=train_s / 86400 if ok else None,
-        tokens_per_s=tokens / train_s if ok else 0.0,
-        tokens_per_s_per_gpu=tokens / train_s / layout.gpus if ok else 0.0,
+        tokens_per_s=trained / train_s if ok else 0.0,
+        tokens_per_s_per_gpu=trained / train_s / layout.gpus if ok else 0.0,
         mfu=flops / (train_s * layout.gpus * main.mfu_peak_tflops * 1e12) if ok else 0.0,
         step_breakdown=dict(main.breakdown),
         # An unpriced stage (its layout refused) has NaN memory; the others say what the run needs.
@@ -185,7 +173,7 @@ def price_pretraining(
 
 def _stage(stage: RampStage, tokens: float, p: Prediction, w: Workload) -> StagePrice:
     per_step = stage.gbs * w.seq_len
-    steps = tokens / per_step
+    steps = math.ceil(tokens / per_step)  # whole steps: the last one fills up the budget
     return StagePrice(
         gbs=stage.gbs,
         tokens=tokens,

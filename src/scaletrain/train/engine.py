@@ -36,7 +36,7 @@ from scaletrain.train.host import check_host_memory, peak_memory_gib, setup_cpu
 from scaletrain.train.metrics import MetricsLogger
 from scaletrain.train.moe_stats import MoEStats
 from scaletrain.train.optim import build_optimizer, lr_at, set_lr
-from scaletrain.train.perf import StepClock, result_block, start_run, timing_waits
+from scaletrain.train.perf import StepClock, auto_checkpoint_interval, result_block, start_run, timing_waits
 from scaletrain.train.protocol import NonFiniteLoss
 from scaletrain.train.signals import StopSignals
 from scaletrain.train.sinks import optional_sinks
@@ -204,6 +204,8 @@ class Trainer:
                 sinks=optional_sinks(self.cfg, self.run_dir),
             )
         self.prediction = start_run(self)  # measures the device; rank 0 writes prediction.json
+        if self.checkpointer.auto:
+            auto_checkpoint_interval(self)  # checkpoint.interval_steps = "auto", from the prediction
         if self._in_run:  # only a run (run_loop, inside running()) saves on a signal; a bare Trainer leaves them be
             self.stop_signals.install()
         if self.device.type == "cuda":

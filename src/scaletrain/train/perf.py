@@ -281,6 +281,56 @@ def predict(cfg, layout, device_block: dict) -> dict:
     return doc
 
 
+def auto_checkpoint_interval(trainer) -> None:
+    """checkpoint.interval_steps = "auto": rank 0 computes the interval (`resolve_auto_interval`) from this run's
+    prediction, sets it on its checkpointer and logs it. The other ranks keep none of their own: every save decision
+    is rank 0's, broadcast (`Checkpointer.due`)."""
+    if trainer.rank != 0:
+        return
+    steps, seconds, line = resolve_auto_interval(trainer.cfg, trainer.layout, trainer.prediction)
+    trainer.checkpointer.set_interval(steps, seconds)
+    log.info(line)
+
+
+def resolve_auto_interval(cfg, layout, prediction: dict | None) -> tuple[int, float, str]:
+    """(steps, seconds, log line) of `sim.goodput.auto_interval` for `cfg` run in `layout` (`layout.world_size` ranks):
+    the trainer's checkpoint bytes (fp32 parameters and AdamW moments), the node of the device prediction.json
+    names (the catalog GPU's default node; on CPU the host device's one-rank node), its storage bandwidth unless
+    checkpoint.storage_gbps is set, checkpoint.interruptions_per_gpu_hour unless -1, and the predicted step time
+    (none when the prediction failed: the interval is then seconds, for the time trigger)."""
+    from scaletrain.parallel.sim_layout import sim_layout
+    from scaletrain.sim.catalog import DEFAULT_HOST_COPY_GBPS, DEFAULT_STORAGE_GBPS, Node, load_catalog
+    from scaletrain.sim.goodput import auto_interval, checkpoint_bytes
+    from scaletrain.sim.host_device import cpu_system
+
+    k = cfg.checkpoint
+    w, cluster = sim_layout(cfg, layout)
+    device = (prediction or {}).get("device") or {}
+    node: Node | None = None
+    try:
+        if device.get("kind") == "cpu":
+            node = cpu_system(device)[1]
+        elif device.get("catalog_key"):
+            cat = load_catalog()
+            node = cat.node(cat.gpu(device["catalog_key"]).default_node)
+    except ValueError:  # a device block without its figures: the catalog defaults below
+        node = None
+    storage = k.storage_gbps if k.storage_gbps > 0 else (node.storage_gbps if node else DEFAULT_STORAGE_GBPS)
+    world = layout.world_size
+    nodes = -(-world // (node.gpus_per_node if node else 1))
+    step = None if prediction is None or "error" in prediction else prediction.get("step_time_s")
+    return auto_interval(
+        checkpoint_bytes(w, cluster, trainer=True),
+        world,
+        nodes,
+        storage,
+        step,
+        k.async_save,
+        k.interruptions_per_gpu_hour if k.interruptions_per_gpu_hour > 0 else None,
+        node.host_copy_gbps if node else DEFAULT_HOST_COPY_GBPS,
+    )
+
+
 def write_prediction(run_dir: Path, doc: dict) -> None:
     """Write prediction.json (strict JSON), warning when the prediction failed."""
     from scaletrain.train.rundir import dumps_strict
