@@ -215,3 +215,10 @@ def test_plan_searches_only_the_layouts_the_split_fits_and_runs_them_as_priced(c
         assert dry["uneven_stages"] and dry["ranks"][-1]["stage_blocks"][-1] == 0
     assert main(["plan", "--model", "gpt3-proxy", "--gpus", "8", "--pp-stage-layers", "1,1"]) == 2
     assert "sums to 2 blocks, but gpt3-proxy has 4" in capsys.readouterr().err
+    assert main(["plan", "--model", "gpt3-proxy", "--gpus", "8", "--pp-first-layers", "9"]) == 2
+    assert "fits no pp x vp (vp <= 16) of gpt3-proxy's 4 blocks" in capsys.readouterr().err
+    # 5 stages fit only pp 5, which 8 GPUs do not divide: nothing fits, and the plan says why.
+    assert main(["plan", "--model", "gpt3-proxy", "--gpus", "8", "--pp-stage-layers", "1,1,1,1,0"]) == 1
+    assert (
+        "the pipeline depths the uneven split fits (pp [5]) divide no layout of the 8 GPUs" in capsys.readouterr().out
+    )

@@ -229,6 +229,13 @@ def plan(
     if fp8_attention and True not in precisions:
         raise ValueError(f"FP8 attention needs FP8 layouts, and none is searched on {g.key}")
     lo, hi = _batch_range(bench, gbs)
+    split = (pp_first_layers, pp_last_layers, tuple(pp_stage_layers))
+    uneven = pp_first_layers >= 0 or pp_last_layers >= 0 or bool(pp_stage_layers)
+    if uneven and not _pipelines(w.shape.layers, split):
+        raise ValueError(
+            f"the uneven pipeline split (first {pp_first_layers}, last {pp_last_layers} blocks, stages "
+            f"{list(pp_stage_layers) or '-'}) fits no pp x vp (vp <= {MAX_VP}) of {w.name}'s {w.shape.layers} blocks"
+        )
     search = _Search(
         w,
         gpus,
@@ -244,7 +251,7 @@ def plan(
         moe_imbalance,
         fp8_attention=fp8_attention,
         fp4_healing_step=fp4_healing_step,
-        split=(pp_first_layers, pp_last_layers, tuple(pp_stage_layers)),
+        split=split,
     )
     cl = Cluster(g, n, f, gpus)
     runs: dict[int, ExpectedRun] = {}  # gbs -> expected steps and evaluations
@@ -272,6 +279,9 @@ def plan(
         objective,
     )
     rejected = found.rejected
+    if uneven and not found.searched:
+        pps = sorted({pp for pp, _ in _pipelines(w.shape.layers, split)})
+        rejected[f"the pipeline depths the uneven split fits (pp {pps}) divide no layout of the {gpus} GPUs"] = 1
     if "memory" in rejected:
         rejected[
             f"does not fit in memory even with full recomputation (the leanest rejected needs "
