@@ -20,7 +20,7 @@ from typing import Any
 
 from scaletrain import architectures, benchmarks
 from scaletrain import config_io as _io
-from scaletrain.config_bounds import available_cores, bound_problems, threads_problem
+from scaletrain.config_bounds import LAYERS_MAX, available_cores, bound_problems, threads_problem
 from scaletrain.config_io import ConfigError, list_presets, parse_override, preset_dict
 from scaletrain.config_model import MLAConfig, ModelConfig, MoEConfig, model_problems
 from scaletrain.log import get_logger
@@ -188,6 +188,17 @@ class ParallelConfig:
     """Virtual pipeline stages per pipeline rank; > 1 needs pp_schedule "interleaved_1f1b"."""
     pp_schedule: str = "1f1b"
     """Pipeline schedule: "gpipe", "1f1b" or "interleaved_1f1b"; micro-batches are train.micro_batch_size."""
+    pp_first_layers: int = -1
+    """Transformer blocks of the first virtual pipeline stage (the one with the embedding); the other stages split
+    the rest evenly. -1 = the default split. Megatron's `--decoder-first-pipeline-num-layers`; 0 leaves the first
+    stage only the embedding."""
+    pp_last_layers: int = -1
+    """Transformer blocks of the last virtual pipeline stage (the one with the final norm, output layer and loss);
+    -1 = the default split. Megatron's `--decoder-last-pipeline-num-layers`; 0 leaves it only the output layer."""
+    pp_stage_layers: list[int] = field(default_factory=list)
+    """Blocks of every virtual pipeline stage in pipeline order (pp x pp_virtual counts summing to model.n_layers;
+    stage k runs on pipeline rank k % pp); only the first and last may be 0. Empty = pp_first_layers /
+    pp_last_layers, or the default split (even, or Megatron's embedding-and-loss-as-a-layer rule)."""
     cp: int = 1
     """Context-parallel degree: each rank holds a load-balanced 1/cp of every sequence; attention gathers K/V."""
     ep: int = 1
@@ -420,6 +431,10 @@ def _problems(c: Config):
         yield f"parallel.ep={p.ep}: expert parallelism needs an MoE model (model.moe.n_experts is 0: dense)"
     elif p.ep > 1 and m.moe.n_experts % p.ep:
         yield f"parallel.ep={p.ep}: must divide model.moe.n_experts={m.moe.n_experts}"
+    for i, n in enumerate(p.pp_stage_layers):
+        if not 0 <= n <= LAYERS_MAX:
+            yield f"parallel.pp_stage_layers[{i}]={n}: must be in [0, {LAYERS_MAX}] blocks"
+            break
     if p.pp_schedule not in PP_SCHEDULES:
         yield f"parallel.pp_schedule={p.pp_schedule!r}: must be one of {list(PP_SCHEDULES)}"
     k = c.checkpoint

@@ -152,6 +152,8 @@ BOUNDS: dict[str, Bound] = {
     "parallel.tp": _i(1, DEGREE_MAX),
     "parallel.pp": _i(1, DEGREE_MAX),
     "parallel.pp_virtual": _i(1, DEGREE_MAX),
+    "parallel.pp_first_layers": _i(-1, LAYERS_MAX, "-1 = the default split"),
+    "parallel.pp_last_layers": _i(-1, LAYERS_MAX, "-1 = the default split"),
     "parallel.cp": _i(1, DEGREE_MAX),
     "parallel.ep": _i(1, DEGREE_MAX),
     # checkpoint

@@ -207,14 +207,14 @@ def merge(cfg: Any, table: dict[str, Any], where: str, prefix: str = "") -> None
                 raise ConfigError(f"{where}: {path!r} is a section, got {value!r}")
             merge(current, value, where, path + ".")
         else:
-            setattr(cfg, key, _coerce(value, current, path, where))
+            setattr(cfg, key, _coerce(value, current, path, where, str(known[key].type)))
 
 
 INT_OR_AUTO = frozenset({"checkpoint.interval_steps"})
 """Integer fields that also take the word "auto" (the trainer computes the value when the run starts)."""
 
 
-def _coerce(value: Any, current: Any, path: str, where: str) -> Any:
+def _coerce(value: Any, current: Any, path: str, where: str, annotation: str = "") -> Any:
     if path in INT_OR_AUTO:
         if isinstance(value, str) and value.strip().lower() == "auto":
             return "auto"
@@ -223,6 +223,8 @@ def _coerce(value: Any, current: Any, path: str, where: str) -> Any:
         except ConfigError:
             raise ConfigError(f"{where}: {path}={value!r} is not a valid int or 'auto'") from None
     kind = type(current)
+    if kind is list and annotation == "list[int]":
+        return _int_list(value, path, where)
     if kind is bool:
         if isinstance(value, bool):
             return value
@@ -255,6 +257,25 @@ def _coerce(value: Any, current: Any, path: str, where: str) -> Any:
             # --set lora.targets=qkv,proj
             return [v.strip() for v in value.strip("[]").replace("'", "").replace('"', "").split(",") if v.strip()]
     return _bad(path, value, kind, where)
+
+
+def _int_list(value: Any, path: str, where: str) -> list[int]:
+    """A list of integers from TOML's list, `--set K=[3,4]` (a list), `--set K=3,4` (a tuple) or `--set K=3` (one
+    int); ConfigError naming the entry that is not an integer."""
+    if isinstance(value, str):
+        value = [v.strip() for v in value.strip("[]()").split(",") if v.strip()]
+    elif isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        _bad(path, value, list, where)
+    out = []
+    for v in value:
+        if isinstance(v, str) and v.lstrip("-").isdecimal():
+            v = int(v)
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ConfigError(f"{where}: {path}={list(value)!r}: {v!r} is not an integer")
+        out.append(v)
+    return out
 
 
 def _bad(path: str, value: Any, kind: type, where: str):

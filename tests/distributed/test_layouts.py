@@ -59,6 +59,8 @@ def train_losses(rank, world_size, corpus_paths, extra, run_dir, steps=STEPS):
         "eval": eval_loss,
         "layout": trainer.layout.describe(),
         "comm_exposed_s": comm,
+        # Block indices of each stage this rank holds, in its stage order (the pipeline split).
+        "blocks": [[int(b) for b in part.blocks] for part in trainer.pm.parts],
     }
 
 
@@ -123,6 +125,32 @@ def test_two_rank_layout_matches_single_process(name, corpus_paths, reference, t
 @pytest.mark.parametrize("name", list(LAYOUTS_4))
 def test_four_rank_layout_matches_single_process(name, corpus_paths, reference, tmp_path):
     results = run_ranks(train_losses, 4, corpus_paths, LAYOUTS_4[name], str(tmp_path), timeout=400)
+    for r in results:
+        _compare(reference, r, name)
+
+
+# Uneven stages (Megatron's --decoder-first/last-pipeline-num-layers): the 4 blocks as 1 + 3, and interleaved with
+# both end stages empty (stage 0 only the embedding, stage 3 only the final norm and the output layer). Rank r holds
+# stages r, r + pp (loop placement), so the expected blocks per rank, in stage order, are listed with each case.
+LAYOUTS_UNEVEN = {
+    "pp_first1": (["parallel.pp=2", "parallel.pp_first_layers=1"], [[[0]], [[1, 2, 3]]]),
+    "pp_interleaved_empty_ends": (
+        [
+            "parallel.pp=2",
+            "parallel.pp_virtual=2",
+            "parallel.pp_schedule=interleaved_1f1b",
+            "parallel.pp_stage_layers=[0,2,2,0]",
+        ],
+        [[[], [2, 3]], [[0, 1], []]],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS_UNEVEN))
+def test_uneven_pipeline_stages_match_single_process(name, corpus_paths, reference, tmp_path):
+    extra, blocks = LAYOUTS_UNEVEN[name]
+    results = run_ranks(train_losses, 2, corpus_paths, extra, str(tmp_path), timeout=300)
+    assert [r["blocks"] for r in results] == blocks
     for r in results:
         _compare(reference, r, name)
 

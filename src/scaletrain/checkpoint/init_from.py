@@ -244,6 +244,7 @@ def load_sharded_model(path: Path, verify_mode: str = "sha256") -> tuple[Config,
     cfg = copy.deepcopy(saved)
     cfg.parallel.dp_replicate, cfg.parallel.dp_shard, cfg.parallel.tp, cfg.parallel.pp = 1, world, 1, 1
     cfg.parallel.pp_virtual, cfg.parallel.cp, cfg.parallel.activation_checkpoint = 1, 1, "none"
+    cfg.parallel.pp_first_layers, cfg.parallel.pp_last_layers, cfg.parallel.pp_stage_layers = -1, -1, []
     cfg.train.fp8, cfg.train.compile, cfg.train.dtype = False, False, "fp32"
     cfg.train.micro_batch_size, cfg.train.global_batch_size = 1, world
     layout = Layout.from_config(cfg, world)

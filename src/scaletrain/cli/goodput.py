@@ -12,7 +12,7 @@ import json
 import math
 
 from scaletrain.cli.pretrain_report import price_run, with_seq
-from scaletrain.cli.sim import _job_flags, _layout, _layout_flags
+from scaletrain.cli.sim import _job_flags, _layout, _layout_flags, _split_flags
 from scaletrain.config_bounds import SEED_MAX, int_flag
 from scaletrain.sim.catalog import DEFAULT_GPU
 from scaletrain.sim.goodput import (
@@ -265,6 +265,7 @@ def add_parsers(ssub) -> None:
     )
     _job_flags(g)
     _layout_flags(g)
+    _split_flags(g)
     _goodput_flags(g, runs_default=1000)
     g.set_defaults(func=cmd_goodput)
 
@@ -279,6 +280,7 @@ def add_parsers(ssub) -> None:
     extra = _Extra(plot, skip=("--json",))
     _job_flags(extra)
     _layout_flags(extra)
+    _split_flags(extra)
     _goodput_flags(extra, runs_default=200)
     plot.set_defaults(
         func=cmd_plot,

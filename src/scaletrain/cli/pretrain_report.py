@@ -224,7 +224,12 @@ __all__ = ["token_flags", "resolve", "with_seq", "predict_tokens", "print_pretra
 
 
 def plan_tokens(
-    args, w: Workload, show: Callable[[Prediction], None], run_lines: Callable, show_lines: Callable
+    args,
+    w: Workload,
+    show: Callable[[Prediction], None],
+    run_lines: Callable,
+    show_lines: Callable,
+    split: dict | None = None,
 ) -> int:
     """`plan --tokens`: the layout search at the run's largest batch by throughput, then each of the best priced as
     the whole run (its batch ramp too) and ranked by the run's days; text or JSON (the prediction's keys plus
@@ -253,6 +258,7 @@ def plan_tokens(
         fp4_healing_step=args.fp4_healing_step,
         objective="throughput",
         mlperf_run=False,
+        **(split or {}),
     )
     runs = []
     for p in res.best:

@@ -1,9 +1,10 @@
 """How to run a priced layout: the `scaletrain train` overrides and the Slurm line of a plan's layout.
 
 The overrides set every trainer field the layout depends on (`parallel.tp/pp/pp_virtual/pp_schedule/cp/
-activation_checkpoint/sequence_parallel`, `train.micro_batch_size/global_batch_size/fp8`); `parallel.dp_shard` keeps
-its default -1 (the rest of the world), so data parallelism is FSDP2 over dp·cp, which the simulator prices as ZeRO-3
-(`plan --as-trained`, `predict --from-config`). The Slurm line is `scripts/slurm/train.sbatch` (one srun task per
+activation_checkpoint/sequence_parallel`, an uneven split's `parallel.pp_first_layers/pp_last_layers/
+pp_stage_layers`, `train.micro_batch_size/global_batch_size/fp8`); `parallel.dp_shard` keeps its default -1 (the
+rest of the world), so data parallelism is FSDP2 over dp·cp, which the simulator prices as ZeRO-3 (`plan
+--as-trained`, `predict --from-config`). The Slurm line is `scripts/slurm/train.sbatch` (one srun task per
 node, each running torchrun with NPROC_PER_NODE workers). Torch-free: strings from the simulator's layout dict.
 """
 
@@ -36,6 +37,13 @@ def train_overrides(layout: dict) -> list[str]:
     if layout["pp"] > 1:
         schedule = layout.get("schedule") or ("interleaved_1f1b" if layout["vp"] > 1 else "1f1b")
         out += [f"parallel.pp_virtual={layout['vp']}", f"parallel.pp_schedule={schedule}"]
+        # An uneven split (predict's --pp-first-layers / --pp-last-layers / --pp-stage-layers): the same blocks per
+        # stage; the layout dict carries these keys only when one is set.
+        if layout.get("pp_stage_layers"):
+            out.append(f"parallel.pp_stage_layers={','.join(map(str, layout['pp_stage_layers']))}")
+        for key in ("pp_first_layers", "pp_last_layers"):
+            if layout.get(key, -1) >= 0:
+                out.append(f"parallel.{key}={layout[key]}")
     out.append(f"parallel.cp={layout['cp']}")
     if layout.get("ep", 1) > 1:
         out.append(f"parallel.ep={layout['ep']}")
@@ -81,7 +89,24 @@ def run_lines(model: str, model_sets: list[str], layout: dict, gpu: str, gpus_pe
     }
 
 
-AS_PRICED = ("tp", "pp", "vp", "cp", "ep", "dp", "mbs", "gbs", "fp8", "zero", "recompute", "bf16_grads", "schedule")
+AS_PRICED = (
+    "tp",
+    "pp",
+    "vp",
+    "cp",
+    "ep",
+    "dp",
+    "mbs",
+    "gbs",
+    "fp8",
+    "zero",
+    "recompute",
+    "bf16_grads",
+    "schedule",
+    "pp_first_layers",
+    "pp_last_layers",
+    "pp_stage_layers",
+)
 """The fields of a priced layout that the trainer's run of it must reproduce for the price to hold."""
 
 
@@ -101,11 +126,13 @@ def plan_run_lines(model: str, model_sets: list[str], layout: dict, gpu: str, gp
     except ValueError as exc:  # ConfigError / LayoutError: the trainer's one-line reason
         return {**out, "run_error": str(exc)}
     as_run = {
-        **{k: getattr(trained, k) for k in AS_PRICED if k not in ("dp", "schedule")},
+        **{k: getattr(trained, k) for k in AS_PRICED if k not in ("dp", "schedule", "pp_stage_layers")},
         "dp": trained.dp,
         "schedule": trained.pipeline_schedule,
+        "pp_stage_layers": list(trained.pp_stage_layers),
     }
-    planned = {"ep": 1, **layout}  # dense layouts print no ep
+    # Dense layouts print no ep, and even splits no pp_* keys.
+    planned = {"ep": 1, "pp_first_layers": -1, "pp_last_layers": -1, "pp_stage_layers": [], **layout}
     differs = [f"{k} {planned[k]}->{as_run[k]}" for k in AS_PRICED if planned.get(k) != as_run[k]]
     if trained.zero_shards != layout["dp"] * layout["cp"] and layout["zero"] == 3:
         differs.append(f"zero_shards {layout['dp'] * layout['cp']}->{trained.zero_shards}")

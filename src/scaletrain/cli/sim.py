@@ -18,7 +18,7 @@ from scaletrain.cli.calibrate_modes import calibrate_from_runs, calibrate_layer_
 from scaletrain.cli.cost_args import add_prices_parser
 from scaletrain.cli.run_lines import plan_run_lines, print_run_lines
 from scaletrain.cli.validate_report import print_rates, print_terms, print_validation
-from scaletrain.config_bounds import DEGREE_MAX, TOP_MAX, float_flag, int_flag
+from scaletrain.config_bounds import DEGREE_MAX, LAYERS_MAX, TOP_MAX, float_flag, int_flag
 from scaletrain.log import get_logger
 from scaletrain.parallel.sim_layout import sim_inputs
 from scaletrain.sim.catalog import DEFAULT_GPU, Catalog, load_catalog, shipped_keys
@@ -30,7 +30,7 @@ from scaletrain.sim.fit.terms import bundled_terms, score_terms, terms_summary
 from scaletrain.sim.fit.validate import cross_validate, cv_json, default_jobs, score_dict
 from scaletrain.sim.predict import Prediction, benchmark_of, predict
 from scaletrain.sim.rate_bounds import PEAK_FRACTION
-from scaletrain.sim.workload import ClusterLayout, load_config, load_workload
+from scaletrain.sim.workload import ClusterLayout, load_config, load_workload, split_problem
 
 log = get_logger(__name__)
 
@@ -75,7 +75,56 @@ def _layout(args) -> ClusterLayout:
         bf16_grads=args.grad_dtype == "bf16" or (args.grad_dtype == "auto" and (args.fp8 or args.fp4)),
         ep=args.ep,
         moe_imbalance=args.moe_imbalance,
+        **_split_args(args),
     )
+
+
+def _split_args(args) -> dict:
+    """The uneven pipeline split of --pp-first-layers / --pp-last-layers / --pp-stage-layers as `ClusterLayout`
+    fields; ValueError (one line, exit 2) when the list comes with first/last."""
+    first = -1 if args.pp_first_layers is None else args.pp_first_layers
+    last = -1 if args.pp_last_layers is None else args.pp_last_layers
+    stages: tuple[int, ...] = args.pp_stage_layers or ()
+    if stages and (first >= 0 or last >= 0):
+        raise ValueError("--pp-stage-layers gives every stage's blocks: drop --pp-first-layers / --pp-last-layers")
+    return {"pp_first_layers": first, "pp_last_layers": last, "pp_stage_layers": stages}
+
+
+def _check_split(w, layout: ClusterLayout) -> None:
+    """ValueError (one line, exit 2) naming the split flags when they cannot split `w`'s blocks over `layout`'s
+    pp x vp stages (`split_problem`); the default split keeps its infeasible-layout report."""
+    flags = [
+        flag
+        for flag, given in (
+            ("--pp-first-layers", layout.pp_first_layers >= 0),
+            ("--pp-last-layers", layout.pp_last_layers >= 0),
+            ("--pp-stage-layers", bool(layout.pp_stage_layers)),
+        )
+        if given
+    ]
+    if not flags:
+        return
+    if layout.pp < 2:
+        raise ValueError(f"{' / '.join(flags)} split pipeline stages: they need --pp 2 or more")
+    why = split_problem(
+        w.shape.layers, layout.pp, layout.vp, layout.pp_first_layers, layout.pp_last_layers, layout.pp_stage_layers
+    )
+    if why:
+        raise ValueError(f"{' / '.join(flags)}: {why} ({w.name}, --pp {layout.pp} --vp {layout.vp})")
+
+
+def _stage_list(text: str) -> tuple[int, ...]:
+    """argparse type of --pp-stage-layers: comma-separated block counts, each in [0, LAYERS_MAX]."""
+    parts = [t.strip() for t in text.strip().strip("[]").split(",")]
+    if not parts or not all(t.isdecimal() for t in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of block counts >= 0, e.g. 3,4,4,2")
+    counts = tuple(int(t) for t in parts)
+    if max(counts) > LAYERS_MAX or len(counts) > LAYERS_MAX + 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: at most {LAYERS_MAX + 2} stages of at most {LAYERS_MAX} blocks")
+    return counts
+
+
+_stage_list.__name__ = "list"  # argparse names the type in its "invalid <type> value" fallback
 
 
 def _check_recipe_flags(args, fp8: bool) -> None:
@@ -163,6 +212,7 @@ def cmd_predict(args) -> int:
         w, layout = sim_inputs(load_config(args.model, tuple(args.set), config_file), args.gpus)
     else:
         w, layout = load_workload(args.model, tuple(args.set)), _layout(args)
+        _check_split(w, layout)
     if args.tokens is not None:
         return pretrain_report.predict_tokens(args, w, layout, print_prediction)
     p = predict(
@@ -189,13 +239,19 @@ def cmd_plan(args) -> int:
 
     _check_recipe_flags(args, fp8=True)  # plan's FP8 layouts take --fp8-attention; --fp4-healing-step needs --fp4
     w = load_workload(args.model, tuple(args.set))
+    split = _split_args(args)
+    if sum(split["pp_stage_layers"]) not in (0, w.shape.layers):
+        raise ValueError(
+            f"--pp-stage-layers: the stage layer list sums to {sum(split['pp_stage_layers'])} blocks, but {w.name} "
+            f"has {w.shape.layers}"
+        )
     if args.tokens is not None:
         cat = load_catalog(args.catalog)
 
         def lines(p: Prediction) -> dict:
             return plan_run_lines(args.model, args.set, p.layout, p.gpu, cat.node(p.node).gpus_per_node, sim_inputs)
 
-        return pretrain_report.plan_tokens(args, w, print_prediction, lines, print_run_lines)
+        return pretrain_report.plan_tokens(args, w, print_prediction, lines, print_run_lines, split)
     res = plan(
         w,
         args.gpu,
@@ -211,6 +267,7 @@ def cmd_plan(args) -> int:
         moe_imbalance=args.moe_imbalance,
         fp8_attention=args.fp8_attention,
         fp4_healing_step=args.fp4_healing_step,
+        **split,
     )
     cat = load_catalog(args.catalog)
     runs = [
@@ -571,12 +628,47 @@ def _layout_flags(p) -> None:
     )
 
 
+def _split_flags(p, plan: bool = False) -> None:
+    """predict's and plan's uneven pipeline split (Megatron's first/last stage layer counts, or one per stage)."""
+    scope = (
+        "; plan then searches only the pipelined layouts (pp >= 2) whose pp x vp stages it splits"
+        if plan
+        else "; needs --pp 2 or more"
+    )
+    p.add_argument(
+        "--pp-first-layers",
+        type=int_flag(0, LAYERS_MAX),
+        default=None,
+        metavar="N",
+        help="transformer blocks of the first virtual pipeline stage (with the embedding; 0 = only the embedding), "
+        "the other stages splitting the rest evenly: Megatron's --decoder-first-pipeline-num-layers" + scope,
+    )
+    p.add_argument(
+        "--pp-last-layers",
+        type=int_flag(0, LAYERS_MAX),
+        default=None,
+        metavar="N",
+        help="transformer blocks of the last virtual pipeline stage (with the output layer and loss; 0 = only "
+        "those): Megatron's --decoder-last-pipeline-num-layers" + scope,
+    )
+    p.add_argument(
+        "--pp-stage-layers",
+        type=_stage_list,
+        default=None,
+        metavar="N,N,...",
+        help="blocks of every virtual pipeline stage in order (pp x vp counts summing to the model's blocks; stage k "
+        "on pipeline rank k %% pp; only the first and last may be 0), instead of --pp-first-layers/--pp-last-layers"
+        + scope,
+    )
+
+
 def _add_predict(sub) -> None:
     p = sub.add_parser(
         "predict", help="predict step time, memory and time-to-train on a cluster", description=cmd_predict.__doc__
     )
     _job_flags(p)
     _layout_flags(p)
+    _split_flags(p)
     p.add_argument(
         "--from-config",
         nargs="?",
@@ -602,6 +694,7 @@ def _add_predict(sub) -> None:
 def _add_plan(sub) -> None:
     p = sub.add_parser("plan", help="search parallel layouts for a cluster", description=cmd_plan.__doc__)
     _job_flags(p)
+    _split_flags(p, plan=True)
     p.add_argument(
         "--top",
         type=int_flag(1, TOP_MAX),

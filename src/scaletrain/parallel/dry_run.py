@@ -33,6 +33,8 @@ class RankReport:
     rank: int
     coords: dict
     stages: list
+    stage_blocks: list
+    """Transformer blocks of each of `stages` (0 for an end stage holding only the embedding or the output layer)."""
     shards: list  # (name, global shape, local shape) per parameter
     local_params: int
     sim_local_params: float
@@ -78,7 +80,7 @@ def estimate_memory(w: Workload, cluster: ClusterLayout, pp_rank: int) -> dict:
     out = {k: getattr(est, k) / memory.GIB for k in ("weights", "grads", "optimizer", "activations", "other")}
     out["total"] = est.total / memory.GIB
     out["in_flight_microbatches"] = est.in_flight
-    out["layers_on_rank"] = math.ceil(w.shape.layers / cluster.pp)
+    out["layers_on_rank"] = cluster.rank_blocks(w)[pp_rank]  # the split the trainer cuts (uneven ones too)
     return out
 
 
@@ -100,19 +102,22 @@ def dry_run(cfg: Config, world_size: int, device: str = DEFAULT_GPU) -> dict:
     stride = world_size // layout.pp
     examined = sorted({0, (layout.pp - 1) * stride})
     reports = []
+    sizes = layout.stage_blocks(cfg.model.n_layers) if layout.pp > 1 else None
     for rank in examined:
         shards, ids, coords = _examine(cfg, layout, rank)
         local = sum(math.prod(local) for _, _, local in shards)
         mem = estimate_memory(w, cluster, coords["pp"])
         first, last = coords["pp"] == 0, coords["pp"] == layout.pp - 1
         sim_local = memory.local_params(w, cluster, first, last)
-        reports.append(RankReport(rank, coords, ids, shards, local, sim_local, mem))
+        blocks = [sizes[s] for s in ids] if sizes else [cfg.model.n_layers]
+        reports.append(RankReport(rank, coords, ids, blocks, shards, local, sim_local, mem))
     worst = max(r.memory_gib["total"] for r in reports)
     usable_gib = memory.usable_bytes(gpu.hbm_gb) / memory.GIB
     result = {
         "layout": layout.describe(),
         "world_size": world_size,
         "degrees": layout.degrees,
+        "uneven_stages": layout.uneven,
         "data_parallel": layout.data_parallel_kind,
         "device": gpu.key,
         "device_memory_gib": capacity_gib,
@@ -122,6 +127,7 @@ def dry_run(cfg: Config, world_size: int, device: str = DEFAULT_GPU) -> dict:
                 "rank": r.rank,
                 "coords": r.coords,
                 "stages": r.stages,
+                "stage_blocks": r.stage_blocks,
                 "local_params": r.local_params,
                 "sim_local_params": r.sim_local_params,
                 "memory_gib": r.memory_gib,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from scaletrain.config import Config, ConfigError
 from scaletrain.model.spec import model_spec
-from scaletrain.sim.workload import chunk_layers
+from scaletrain.sim.workload import split_problem, stage_split
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 EXPERT_MESH_DIMS = ("pp", "dp_replicate", "efsdp", "ep")
@@ -35,11 +35,16 @@ class LayoutError(ConfigError):
     """A parallel layout does not fit the world size or the model; the message says which degree and why."""
 
 
-def stage_sizes(n_layers: int, num_stages: int) -> list[int] | None:
-    """Blocks of each pipeline stage, in stage order; None when the stages split neither the blocks nor the blocks + 2
-    (the simulator's rule, `sim.workload.chunk_layers`, so the trainer runs what `predict` and `plan` price)."""
-    table = chunk_layers(n_layers, num_stages, 1)
-    return None if table is None else [row[0] for row in table]
+def stage_sizes(
+    n_layers: int, num_stages: int, first: int = -1, last: int = -1, stages: tuple[int, ...] = ()
+) -> list[int] | None:
+    """Blocks of each pipeline stage, in stage order; None when they do not split (why: `sim.workload.split_problem`).
+
+    The simulator's rule (`sim.workload.stage_split`), so the trainer runs what `predict` and `plan` price: `stages`
+    (one count per stage), else `first` / `last` (blocks of the first / last stage, -1 = default, the others even),
+    else even, or Megatron's embedding-and-loss-as-a-layer split when only the blocks + 2 divide evenly.
+    """
+    return stage_split(n_layers, num_stages, first, last, tuple(stages))
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,12 @@ class Layout:
     pp_schedule: str = "1f1b"
     sequence_parallel: bool = True
     ep: int = 1
+    pp_first_layers: int = -1
+    """Blocks of the first virtual stage (parallel.pp_first_layers; -1 = the default split)."""
+    pp_last_layers: int = -1
+    """Blocks of the last virtual stage (parallel.pp_last_layers; -1 = the default split)."""
+    pp_stage_layers: tuple[int, ...] = ()
+    """Blocks of every virtual stage in order (parallel.pp_stage_layers; empty = first/last or the default)."""
 
     @classmethod
     def from_config(cls, cfg: Config, world_size: int) -> Layout:
@@ -83,6 +94,9 @@ class Layout:
             pp_schedule=p.pp_schedule,
             sequence_parallel=p.sequence_parallel,
             ep=p.ep,
+            pp_first_layers=p.pp_first_layers,
+            pp_last_layers=p.pp_last_layers,
+            pp_stage_layers=tuple(p.pp_stage_layers),
         )
         layout.validate(cfg)
         return layout
@@ -102,6 +116,15 @@ class Layout:
     def num_stages(self) -> int:
         """Pipeline stages in total (pp ranks x virtual stages each)."""
         return self.pp * self.pp_virtual
+
+    @property
+    def uneven(self) -> bool:
+        """Whether the stages' blocks are given (parallel.pp_first_layers, pp_last_layers or pp_stage_layers)."""
+        return self.pp_first_layers >= 0 or self.pp_last_layers >= 0 or bool(self.pp_stage_layers)
+
+    def stage_blocks(self, n_layers: int) -> list[int] | None:
+        """Blocks of each of the num_stages stages of a model of `n_layers` blocks (`stage_sizes`); None if no split."""
+        return stage_sizes(n_layers, self.num_stages, self.pp_first_layers, self.pp_last_layers, self.pp_stage_layers)
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -173,11 +196,7 @@ class Layout:
             out.append(f"parallel.pp_virtual={self.pp_virtual} needs parallel.pp_schedule='interleaved_1f1b'")
         if self.pp == 1 and self.pp_virtual > 1:
             out.append(f"parallel.pp_virtual={self.pp_virtual} needs parallel.pp >= 2")
-        if stage_sizes(m.n_layers, self.num_stages) is None:
-            out.append(
-                f"pp x pp_virtual = {self.num_stages} stages divide neither model.n_layers={m.n_layers} nor "
-                f"{m.n_layers} + 2 (the embedding and the loss counted as a layer each, as Megatron can)"
-            )
+        out += self._split_problems(m.n_layers)
         out += self._ep_problems(cfg)
         gbs, mbs = t.global_batch_size, t.micro_batch_size
         if gbs % self.dp:
@@ -197,6 +216,34 @@ class Layout:
             elif self.pp_schedule == "interleaved_1f1b" and n_micro % self.pp:
                 out.append(f"interleaved 1F1B: {n_micro} micro-batches per step must be a multiple of pp={self.pp}")
         return out
+
+    def _split_problems(self, n_layers: int) -> list[str]:
+        """Why the stages cannot hold model.n_layers blocks as parallel.pp_* asks (at most one line)."""
+        given = {
+            "parallel.pp_first_layers": self.pp_first_layers >= 0,
+            "parallel.pp_last_layers": self.pp_last_layers >= 0,
+            "parallel.pp_stage_layers": bool(self.pp_stage_layers),
+        }
+        named = " / ".join(k for k, v in given.items() if v)
+        if self.uneven and self.pp == 1:
+            return [f"{named} split pipeline stages: they need parallel.pp >= 2 (one stage holds every block)"]
+        if self.pp_stage_layers and (self.pp_first_layers >= 0 or self.pp_last_layers >= 0):
+            return [
+                "parallel.pp_stage_layers gives every stage's blocks: leave parallel.pp_first_layers and "
+                "parallel.pp_last_layers at -1 with it"
+            ]
+        if self.stage_blocks(n_layers) is not None:
+            return []
+        why = split_problem(
+            n_layers, self.pp, self.pp_virtual, self.pp_first_layers, self.pp_last_layers, self.pp_stage_layers
+        )
+        if not self.uneven:
+            return [
+                f"pp x pp_virtual = {self.num_stages} stages divide neither model.n_layers={n_layers} nor "
+                f"{n_layers} + 2 (the embedding and the loss counted as a layer each, as Megatron can); "
+                "parallel.pp_first_layers / pp_last_layers / pp_stage_layers can split them unevenly"
+            ]
+        return [f"{named}: {why} (pp x pp_virtual = {self.num_stages} stages, model.n_layers={n_layers})"]
 
     def _ep_problems(self, cfg: Config) -> list[str]:
         n = cfg.model.moe.n_experts

@@ -68,7 +68,8 @@ def build_meta_parts(cfg: Config, layout: Layout, pp_rank: int) -> tuple[list[nn
     if layout.pp == 1:
         return [model], [0]
     ids = stage_ids(pp_rank, layout.pp, layout.pp_virtual)
-    return [cut_stage(model, s, layout.num_stages) for s in ids], ids
+    sizes = layout.stage_blocks(cfg.model.n_layers)  # the validated split (Layout.problems refuses one that fails)
+    return [cut_stage(model, s, layout.num_stages, sizes) for s in ids], ids
 
 
 def parallelize_part(part: nn.Module, cfg: Config, layout: Layout, mesh) -> None:

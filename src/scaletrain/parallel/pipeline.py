@@ -4,7 +4,10 @@ Layers are split evenly over pp * pp_virtual stages; the embedding goes with the
 LayerNorm and output layer with the last one. Where the stages do not divide the layers but do divide layers + 2,
 the split is Megatron's `account_for_embedding_in_pipeline_split` + `account_for_loss_in_pipeline_split` (NVIDIA's
 llama31_405b layout: 126 layers in pp8 x vp8 = 64 stages): the embedding and the loss count as a layer each, so the
-first and the last stage hold one block fewer. Stage s of an interleaved pipeline lives on pipeline rank s % pp
+first and the last stage hold one block fewer. `parallel.pp_first_layers` / `pp_last_layers` (Megatron's
+`--decoder-first/last-pipeline-num-layers`) or `parallel.pp_stage_layers` set the stages' blocks unevenly
+(`Layout.stage_blocks`, the simulator's `stage_split`); an end stage may hold none, only the embedding or the
+output layer. Stage s of an interleaved pipeline lives on pipeline rank s % pp
 (the "loop" placement), so rank 0 holds stages 0, pp, 2pp, ... and the last stage is on rank pp - 1.
 The output layer is tied to the embedding; on different ranks they are two copies that the trainer keeps equal
 by summing their gradients (`TiedEmbeddingSync`), as Megatron-LM does.
@@ -31,24 +34,30 @@ def stage_ids(pp_rank: int, pp: int, pp_virtual: int) -> list[int]:
     return [pp_rank + v * pp for v in range(pp_virtual)]
 
 
-def stage_layers(n_layers: int, num_stages: int, stage: int) -> range:
-    """Block indices of `stage` (see `stage_sizes`)."""
-    sizes = stage_sizes(n_layers, num_stages)
+def stage_layers(n_layers: int, num_stages: int, stage: int, sizes: list[int] | None = None) -> range:
+    """Block indices of `stage`: by `sizes` (blocks per stage, e.g. `Layout.stage_blocks`), else the default split
+    (`stage_sizes`). Empty for an end stage given no blocks."""
     if sizes is None:
-        raise ValueError(f"{num_stages} pipeline stages divide neither {n_layers} layers nor {n_layers} + 2")
+        sizes = stage_sizes(n_layers, num_stages)
+        if sizes is None:
+            raise ValueError(f"{num_stages} pipeline stages divide neither {n_layers} layers nor {n_layers} + 2")
+    if len(sizes) != num_stages or sum(sizes) != n_layers:
+        raise ValueError(f"stage sizes {sizes}: need {num_stages} counts summing to the {n_layers} layers")
     start = sum(sizes[:stage])
     return range(start, start + sizes[stage])
 
 
-def cut_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
-    """A copy of `model` (build it on the meta device) keeping only what stage `stage` owns.
+def cut_stage(model: nn.Module, stage: int, num_stages: int, sizes: list[int] | None = None) -> nn.Module:
+    """A copy of `model` (build it on the meta device) keeping only what stage `stage` owns; `sizes`: blocks per
+    stage (`stage_layers`; None = the default split).
 
     Block FQNs stay those of the full model (blocks.<i>), so stage parameters have the same names, init streams
-    and checkpoint keys as in the one-process model.
+    and checkpoint keys as in the one-process model. A first (last) stage given no blocks keeps only the embedding
+    (the final norm and the output layer).
     """
     full = cast("Decoder", model)
     stage_model = copy.deepcopy(full)
-    keep = {str(i) for i in stage_layers(full.cfg.n_layers, num_stages, stage)}
+    keep = {str(i) for i in stage_layers(full.cfg.n_layers, num_stages, stage, sizes)}
     for name in list(stage_model.blocks.keys()):
         if name not in keep:
             del stage_model.blocks[name]

@@ -38,6 +38,9 @@ def sim_layout(cfg: Config, layout: Layout) -> tuple[Workload, ClusterLayout]:
         schedule=layout.pp_schedule if layout.pp > 1 else "",
         shard_group=layout.dp_shard * layout.cp if layout.data_parallel_kind == "hsdp" else 0,
         ep=layout.ep,
+        pp_first_layers=layout.pp_first_layers,
+        pp_last_layers=layout.pp_last_layers,
+        pp_stage_layers=layout.pp_stage_layers,
     )
     return workload_from_config(cfg), cluster
 

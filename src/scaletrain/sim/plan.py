@@ -75,18 +75,33 @@ def _eps(w: Workload, stage_ranks: int) -> list[int]:
     return [e for e in (2**i for i in range(0, 20)) if e <= experts and not experts % e and not stage_ranks % e]
 
 
-def _shapes(w: Workload, gpus: int, domain: int):
+def _pipelines(layers: int, split: tuple = (-1, -1, ())) -> list[tuple[int, list[int]]]:
+    """(pp, the vp values) of the pipelines with a split of the blocks: `_depths` by the default rule; with an
+    uneven `split` (first, last, per-stage list as in `chunk_layers`), only the pipelined ones (pp >= 2) it splits."""
+    if split[0] < 0 and split[1] < 0 and not split[2]:
+        # vp only means something with a pipeline (pp = 1 runs plain 1F1B whatever vp says).
+        return [
+            (pp, [1] if pp == 1 else [v for v in range(1, MAX_VP + 1) if chunk_layers(layers, pp, v)])
+            for pp in _depths(layers)
+        ]
+    # pp*vp <= layers + 2: only the two end stages may hold no block.
+    pipes = [
+        (pp, [v for v in range(1, MAX_VP + 1) if chunk_layers(layers, pp, v, *split)]) for pp in range(2, layers + 3)
+    ]
+    return [(pp, vps) for pp, vps in pipes if vps]
+
+
+def _shapes(w: Workload, gpus: int, domain: int, split: tuple = (-1, -1, ())):
     """(tp, pp, vp, cp, ep) with tp*pp*cp dividing `gpus`; TP stays inside one NVLink domain (and at most 16); ep
-    (MoE models) divides the experts and the gpus/pp ranks of a stage."""
+    (MoE models) divides the experts and the gpus/pp ranks of a stage; (pp, vp) split the blocks (`_pipelines`)."""
+    pipes = _pipelines(w.shape.layers, split)
     for tp in _divisors(w.shape.heads):
         if tp > min(domain, 16) or gpus % tp:
             continue
         for cp in CP:
-            for pp in _depths(w.shape.layers):
+            for pp, vps in pipes:
                 if gpus % (tp * cp * pp):
                     continue
-                # vp only means something with a pipeline (pp = 1 runs plain 1F1B whatever vp says).
-                vps = [1] if pp == 1 else [v for v in range(1, MAX_VP + 1) if chunk_layers(w.shape.layers, pp, v)]
                 for vp in vps:
                     for ep in _eps(w, gpus // pp):
                         yield tp, pp, vp, cp, ep
@@ -185,6 +200,9 @@ def plan(
     fp8_attention: bool | None = None,
     fp4_healing_step: int | None = None,
     mlperf_run: bool = True,
+    pp_first_layers: int = -1,
+    pp_last_layers: int = -1,
+    pp_stage_layers: tuple[int, ...] = (),
 ) -> PlanResult:
     """The `top` best layouts of `w` on `gpus` GPUs of kind `gpu` (node and fabric as in `predict`).
 
@@ -197,8 +215,9 @@ def plan(
     benchmark recipe's); `fp4_healing_step` is the FP4 layouts' precision switch (None: the benchmark recipe's), which
     the final prices of the best layouts include (`predict`) and the search's ranking does not. `mlperf_run=False`
     (a pretraining run to a token budget) prices the best layouts' steps without a benchmark run (`predict`); it
-    needs the throughput objective. ValueError for an impossible request (ttt on a non-benchmark, FP8 on a GPU
-    without it, ...).
+    needs the throughput objective. `pp_first_layers`, `pp_last_layers`, `pp_stage_layers` (`ClusterLayout`'s uneven
+    split) restrict the search to the pipelined layouts whose pp x vp stages they split, each priced with that split.
+    ValueError for an impossible request (ttt on a non-benchmark, FP8 on a GPU without it, ...).
     """
     start = time.perf_counter()
     if gpus < 1 or top < 1:
@@ -214,6 +233,13 @@ def plan(
     if fp8_attention and True not in precisions:
         raise ValueError(f"FP8 attention needs FP8 layouts, and none is searched on {g.key}")
     lo, hi = _batch_range(bench, gbs)
+    split = (pp_first_layers, pp_last_layers, tuple(pp_stage_layers))
+    uneven = pp_first_layers >= 0 or pp_last_layers >= 0 or bool(pp_stage_layers)
+    if uneven and not _pipelines(w.shape.layers, split):
+        raise ValueError(
+            f"the uneven pipeline split (first {pp_first_layers}, last {pp_last_layers} blocks, stages "
+            f"{list(pp_stage_layers) or '-'}) fits no pp x vp (vp <= {MAX_VP}) of {w.name}'s {w.shape.layers} blocks"
+        )
     search = _Search(
         w,
         gpus,
@@ -229,6 +255,7 @@ def plan(
         moe_imbalance,
         fp8_attention=fp8_attention,
         fp4_healing_step=fp4_healing_step,
+        split=split,
     )
     cl = Cluster(g, n, f, gpus)
     runs: dict[int, ExpectedRun] = {}  # gbs -> expected steps and evaluations
@@ -258,6 +285,9 @@ def plan(
         objective,
     )
     rejected = found.rejected
+    if uneven and not found.searched:
+        pps = sorted({pp for pp, _ in _pipelines(w.shape.layers, split)})
+        rejected[f"the pipeline depths the uneven split fits (pp {pps}) divide no layout of the {gpus} GPUs"] = 1
     if "memory" in rejected:
         rejected[
             f"does not fit in memory even with full recomputation (the leanest rejected needs "
@@ -343,6 +373,8 @@ class _Search:
     """FP8 attention on the FP8 layouts (None: the benchmark recipe's, `with_recipe`)."""
     fp4_healing_step: int | None = None
     """The FP4 layouts' healing step (None: the benchmark recipe's)."""
+    split: tuple = (-1, -1, ())
+    """(pp_first_layers, pp_last_layers, pp_stage_layers) of every pipelined layout; the default split when unset."""
 
     def candidates(self, bound) -> _Found:
         """Every (tp, pp, vp, cp, ep, mbs, gbs, precision) layout that divides and fits in memory, each variant with
@@ -350,7 +382,7 @@ class _Search:
         w, gpus, lo, hi = self.w, self.gpus, self.lo, self.hi
         found = _Found()
         fit_cache: dict[tuple, tuple] = {}
-        for tp, pp, vp, cp, ep in _shapes(w, gpus, self.domain):
+        for tp, pp, vp, cp, ep in _shapes(w, gpus, self.domain, self.split):
             for mbs in MBS:
                 unit = gpus // (tp * pp * cp) * mbs
                 batches = [self.gbs] if self.gbs else _batches(unit, pp, vp, lo, hi) if self.bench else [DEFAULT_GBS]
@@ -377,6 +409,9 @@ class _Search:
                             fp4_healing_step=self.fp4_healing_step,
                             ep=ep,
                             moe_imbalance=self.moe_imbalance,
+                            pp_first_layers=self.split[0],
+                            pp_last_layers=self.split[1],
+                            pp_stage_layers=self.split[2],
                         )
                         lay = with_recipe(lay, self.bench)
                         problems = lay.problems(w)

@@ -123,7 +123,8 @@ def eval_forward_s(w: Workload, layout: ClusterLayout, fwd_rank_s: float, eff: E
     """Seconds of one evaluation micro-batch forward on the busiest rank: its GPU time at the evaluation efficiency,
     or the host time launching its layers' kernels without CUDA graphs (`Efficiency.eval_host_layer_s`), whichever
     is longer."""
-    layers = -(-w.shape.layers // layout.pp)
+    # The busiest rank's blocks: ceil(layers / pp) for the default splits, more on the inner ranks of uneven ones.
+    layers = max(layout.rank_blocks(w))
     return max(fwd_rank_s / eff.eval_eff, layers * eff.eval_host_layer_s)
 
 

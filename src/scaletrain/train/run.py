@@ -194,8 +194,10 @@ def print_dry_run(result: dict, console: Console | None = None) -> None:
             table.add_row(name, "x".join(map(str, g)), "x".join(map(str, loc)), str(n))
         console.print(table)
         mem = r["memory_gib"]
+        # An uneven split (parallel.pp_first_layers / pp_last_layers / pp_stage_layers) names each stage's blocks.
+        per_stage = f" (blocks per stage {r['stage_blocks']})" if result.get("uneven_stages") else ""
         console.print(
-            f"  local parameters {r['local_params']:,}; layers {mem['layers_on_rank']}, "
+            f"  local parameters {r['local_params']:,}; layers {mem['layers_on_rank']}{per_stage}, "
             f"in-flight micro-batches {mem['in_flight_microbatches']:.2f}"
         )
         console.print(

@@ -172,7 +172,7 @@ class _Row:
         self._crosses = 1.0 if domains(row.gpus, n.nvlink_domain) > 1 else 0.0
         # One evaluation's forward passes = this factor x the busiest rank's forward time (predict.eval_time).
         self._eval_passes = eval_passes(self.w, lay, mlperf.bench(self.bench).eval_tokens)
-        self._rank_layers = -(-self.w.shape.layers // lay.pp)
+        self._rank_layers = max(lay.rank_blocks(self.w))  # the busiest rank's blocks, as predict.eval_forward_s
         self._obs = row.olympic_minutes
         self._log_obs = math.log(self._obs)
         # A run's minutes grow with its steps and evaluations, which grow together, so the olympic mean always drops
