@@ -14,7 +14,7 @@ its producers are settled; ranks blocked on a producer are woken by it, so the p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
@@ -38,6 +38,9 @@ class ScheduleResult:
     """[rank][chunk]: when that chunk's parameters are first needed, so its DP all-gather must be done."""
     max_in_flight: list[float]
     """[rank]: peak count of (micro-batch, chunk) forwards awaiting their backward, divided by v."""
+    backward_end: list[list[list[float]]] = field(default_factory=list)
+    """[rank][chunk][micro-batch]: when that micro-batch's backward of the chunk ends (ZeRO-2 reduce-scatters each
+    micro-batch's gradients from there)."""
 
 
 def _check(schedule: str, p: int, m: int, v: int) -> None:
@@ -72,6 +75,15 @@ def _costs(name: str, x, p: int, v: int) -> list[list[float]]:
     if any(not c >= 0.0 or c == float("inf") for row in grid for c in row):
         raise ValueError(f"{name} durations must be finite and >= 0, got {x!r}")
     return grid
+
+
+def op_order(schedule: str, p: int, m: int, v: int, rank: int) -> list[tuple[bool, int, int]]:
+    """Pipeline rank `rank`'s ops as (is_backward, chunk, micro-batch), in the order it issues them: what the event
+    simulation runs and what the memory model walks to find the activations a rank holds at its peak. Checks only
+    the schedule name (the memory model also walks m < p, which `simulate` refuses)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown pipeline schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
+    return _op_order(schedule, p, m, v, rank)
 
 
 def _op_order(schedule: str, p: int, m: int, v: int, rank: int) -> list[tuple[bool, int, int]]:
@@ -133,6 +145,7 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, fwd=None, bwd=None, p2p:
     free = [0.0] * p
     first_f: list[list[float | None]] = [[None] * v for _ in range(p)]
     last_b = [[0.0] * v for _ in range(p)]
+    b_ends: list[list[list[float]]] = [[[0.0] * m for _ in range(v)] for _ in range(p)]
     stack = list(range(p))
     while stack:
         r = stack.pop()
@@ -159,6 +172,7 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, fwd=None, bwd=None, p2p:
                 t = start + bc[r][c]
                 b_end[idx] = t
                 last_b[r][c] = t
+                b_ends[r][c][j] = t
             else:
                 if k == 0:
                     ready = 0.0
@@ -207,6 +221,7 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, fwd=None, bwd=None, p2p:
         # Past the deadlock check every forward has run, so no None is left.
         first_forward_start=cast(list[list[float]], first_f),
         max_in_flight=in_flight,
+        backward_end=b_ends,
     )
 
 
