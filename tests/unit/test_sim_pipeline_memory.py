@@ -196,3 +196,51 @@ def test_the_trainer_keeps_stage_outputs():
     w, lay = sim_inputs(cfg, 4)
     assert lay.free_stage_outputs is False
     assert stage_memory(w, lay, 0).other == pytest.approx(2 * stage_io_bytes(w, lay))  # 1F1B: 2 in flight on rank 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ZB-H1 (Qi et al. 2023, arXiv:2401.10241): backward split into input gradient B and weight gradient W.
+
+
+def test_zb_h1_bubble_is_a_third_of_1f1b_at_equal_passes():
+    for p in (1, 2, 3, 4, 8):
+        for m in (p, 2 * p, 3 * p + 1, 5 * p):
+            res = schedule.simulate("zb_h1", p, m, fwd=1.0, bwd=2.0)  # T_F = T_B = T_W = 1
+            cf = schedule.bubble_closed_form("zb_h1", p, m)
+            assert cf == pytest.approx(schedule.bubble_closed_form("1f1b", p, m) / 3)
+            assert res.makespan == pytest.approx(3 * m * (1 + cf), rel=1e-12), (p, m)
+            assert res.busy == pytest.approx([3.0 * m] * p)
+
+
+@pytest.mark.parametrize("f, b, w", [(1.0, 2.0, 0.5), (1.0, 3.0, 1.0), (2.0, 2.0, 1.0), (1.0, 1.0, 0.2)])
+def test_zb_h1_bubble_is_the_papers_for_other_costs(f, b, w):
+    # Qi et al. §3.1: ZB-H1's bubble is (p-1)(T_F + T_B - T_W), with T_B = b - w the input-gradient part.
+    p, m = 4, 8
+    res = schedule.simulate("zb_h1", p, m, fwd=f, bwd=b, wgrad=w)
+    assert res.makespan == pytest.approx(m * (f + b) + (p - 1) * (f + (b - w) - w), rel=1e-12)
+
+
+def test_zb_h1_holds_what_1f1b_holds_at_its_peak():
+    # Every rank holds p micro-batches from forward to W: 1F1B's first-stage peak, on every rank.
+    p, m = 4, 12
+    res = schedule.simulate("zb_h1", p, m)
+    assert res.max_in_flight == [4.0] * p
+    assert max(res.max_in_flight) == max(schedule.simulate("1f1b", p, m).max_in_flight)
+    lay = ClusterLayout(gpus=p, pp=p, gbs=m, schedule="zb_h1")
+    assert [walk_peak(lay, r, [1.0], [0.0])[0] for r in range(p)] == [4.0] * p
+    # The gradients are final when the last W ends, on every rank at or after its last B.
+    assert all(res.last_backward_end[r][0] == max(res.backward_end[r][0]) for r in range(p))
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        ({"v": 2}, "v must be 1"),
+        ({"bwd": 2.0, "wgrad": 3.0}, "wgrad must not exceed bwd"),
+    ],
+)
+def test_zb_h1_bad_inputs(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        schedule.simulate("zb_h1", 4, 8, **kwargs)
+    with pytest.raises(ValueError, match="zb_h1 only"):
+        schedule.simulate("1f1b", 4, 8, wgrad=1.0)

@@ -148,12 +148,13 @@ def walk_peak(layout: ClusterLayout, rank: int, act: list[float], other: list[fl
     """(layer activations, other) at the peak of their sum over rank `rank`'s op order, given what one in-flight
     micro-batch of each chunk holds (`act[c]`, `other[c]`)."""
     order = schedule.op_order(layout.pipeline_schedule, layout.pp, layout.microbatches, layout.vp, rank)
+    frees = schedule.W if layout.pipeline_schedule == "zb_h1" else True  # the op after which nothing is held
     a = o = 0.0
     best = (0.0, 0.0)
-    for is_b, c, _ in order:
-        if is_b:
+    for kind, c, _ in order:
+        if kind == frees:
             a, o = a - act[c], o - other[c]
-        else:
+        elif not kind:
             a, o = a + act[c], o + other[c]
             if a + o > best[0] + best[1]:
                 best = (a, o)
