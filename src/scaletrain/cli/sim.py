@@ -610,8 +610,9 @@ def _layout_flags(p) -> None:
         "--zero",
         type=int,
         default=1,
-        choices=(0, 1, 3),
-        help="optimizer sharding: 0 none, 1 distributed optimizer (default), 3 fully sharded",
+        choices=(0, 1, 2, 3),
+        help="optimizer sharding: 0 none, 1 distributed optimizer (default), 2 gradients sharded too, reduce-scattered "
+        "every micro-batch, weights whole (FSDP without resharding after forward, as Llama 3 trained), 3 fully sharded",
     )
     p.add_argument(
         "--schedule",

@@ -18,7 +18,12 @@ def sim_layout(cfg: Config, layout: Layout) -> tuple[Workload, ClusterLayout]:
     What the trainer does, in the simulator's terms: FSDP2/HSDP (`data_parallel_kind` "fsdp" or "hsdp") is ZeRO-3,
     sharded over dp_shard·cp (HSDP replicates over dp_replicate); DDP or one rank is ZeRO-0 (16 bytes per
     parameter either way: fp32 master weights, fp32 gradients, AdamW's two fp32 moments). Gradients reduce in fp32.
-    The simulator prices 16-bit activations, as `train.dtype=bf16` runs them.
+    The simulator prices 16-bit activations, as `train.dtype=bf16` runs them. Pipeline stages keep their outputs to
+    the backward (`free_stage_outputs=False`): torch.distributed.pipelining's PipelineStage caches each micro-batch's
+    output tuple in `fwd_cache` until `backward_one_chunk` pops it, and sends a detached view, freeing nothing.
+    `parallel.fsdp_reshard_after_forward=false` stays ZeRO-3 here, not ZeRO-2 (docs/perf-model.md, Memory): the
+    trainer's FSDP2 reshards after every micro-batch's backward without a pipeline, and under torch's pipeline
+    schedules accumulates unsharded gradients until a stage's last backward.
     """
     p, t = cfg.parallel, cfg.train
     sharded = layout.data_parallel_kind in ("fsdp", "hsdp")
@@ -41,6 +46,7 @@ def sim_layout(cfg: Config, layout: Layout) -> tuple[Workload, ClusterLayout]:
         pp_first_layers=layout.pp_first_layers,
         pp_last_layers=layout.pp_last_layers,
         pp_stage_layers=layout.pp_stage_layers,
+        free_stage_outputs=False,
     )
     return workload_from_config(cfg), cluster
 

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
+from scaletrain.sim import schedule
 from scaletrain.sim.workload import ClusterLayout, Workload
 
 GIB = 2**30
 """Bytes in a GiB (what allocators and nvidia-smi report)."""
 GB = 1e9
 """Bytes in a vendor GB (how HBM sizes are quoted: an "80 GB" H100 holds 74.5 GiB)."""
+
+BF16_BYTES = 2
+"""Bytes of a 16-bit activation element."""
 
 LOGIT_BYTES = 6
 """Per logit on the last stage: the fp32 softmax the vocab-parallel loss keeps for backward (4) plus the bf16 logits
@@ -38,6 +42,8 @@ def bytes_per_param(zero: int, d: int, bf16_grads: bool = False) -> tuple[float,
         return 2.0, 2.0, 12.0  # "16 bytes/parameter unsharded (2 weights, 2 grads, 12 optimizer)"
     if zero == 1:
         return 2.0, 2.0 if bf16_grads else 4.0, 12.0 / d  # "6 + 12/d": bf16 params, fp32 grads, sharded Adam
+    if zero == 2:  # "2 + (4 + 12)/d": bf16 params whole for the step, fp32 grads and Adam sharded
+        return 2.0, (2.0 if bf16_grads else 4.0) / d, 12.0 / d
     return 2.0 / d, 2.0 / d, 12.0 / d  # ZeRO-3: "(4+12)/d"
 
 
@@ -75,6 +81,8 @@ def in_flight_microbatches(layout: ClusterLayout, rank: int = 0) -> float:
 
     GPipe: all m. 1F1B: min(p − rank, m). Interleaved 1F1B: Megatron's warm-up of (p − rank − 1)·2 + (v − 1)·p
     chunk-micro-batches plus one in steady state, capped at m·v, each chunk 1/v of the rank's layers, hence ÷v.
+    This is the peak count of the rank's op order (`schedule.op_order`); `held_activations` walks that order with
+    each chunk's own bytes, and equals this count times the rank's blocks where its chunks hold equal blocks.
     """
     p, v, m = layout.pp, layout.vp, layout.microbatches
     kind = layout.pipeline_schedule
@@ -85,6 +93,74 @@ def in_flight_microbatches(layout: ClusterLayout, rank: int = 0) -> float:
     return float(min(p - rank, m))
 
 
+def stage_io_bytes(w: Workload, layout: ClusterLayout) -> float:
+    """Bytes of one stage's output (= the next stage's input) for one micro-batch on one GPU: s/c·b·h in bf16, ÷t
+    with SP (Megatron and torch's pipelining send the sequence-parallel shard each TP rank holds)."""
+    sp_div = layout.tp if layout.sp else 1
+    return BF16_BYTES * (w.seq_len / layout.cp) * layout.mbs * w.shape.hidden / sp_div
+
+
+def _chunk_holds(w: Workload, layout: ClusterLayout, rank: int, dropout: bool) -> tuple[list[float], list[float]]:
+    """Per chunk of pipeline rank `rank`: (layer activations, other bytes) that one in-flight micro-batch of that
+    chunk holds until its backward.
+
+    Layer activations: the chunk's own blocks (`ClusterLayout.chunks`; a rank's blocks split evenly over its chunks
+    where the layout names no split). The stage input needs no term of its own: the first block's norm saves it
+    (it is in the layer activations), and a 0-block first chunk's input is the token ids. Other: the embedding's
+    dropout mask on the first chunk of rank 0 (1 byte a hidden element, with `dropout`), and, where the layout does
+    not free stage outputs after their send (`free_stage_outputs`), the chunk's output tensor, for every chunk but the
+    model's last (its output goes to the final norm and head on the same rank, counted there).
+    """
+    p, v = layout.pp, layout.vp
+    per_layer = activation_bytes_per_layer(w, layout, dropout)
+    table = layout.chunks(w)
+    blocks = list(table[rank]) if table else [layout.rank_blocks(w)[rank] / v] * v
+    act = [b * per_layer for b in blocks]
+    other = [0.0] * v
+    if rank == 0 and dropout:  # the embedding's dropout mask: 1 byte an element
+        other[0] += (w.seq_len / layout.cp) * layout.mbs * w.shape.hidden / (layout.tp if layout.sp else 1)
+    if not layout.free_stage_outputs and p > 1:
+        for c in range(v):
+            if not (rank == p - 1 and c == v - 1):
+                other[c] += stage_io_bytes(w, layout)
+    return act, other
+
+
+def held_activations(w: Workload, layout: ClusterLayout, rank: int = 0, dropout: bool = False) -> tuple[float, float]:
+    """(layer activations, other) bytes pipeline rank `rank` holds at its peak, walking its op order.
+
+    Each forward of a (micro-batch, chunk) adds what that chunk keeps for backward (`_chunk_holds`: its own blocks,
+    so a chunk with fewer blocks holds less), each backward frees it; the peak of the sum over the rank's order
+    (`schedule.op_order`, the order the event simulation runs) is the rank's. Where every chunk holds the same, the
+    peak is `in_flight_microbatches` times the rank's bytes (the walk finds the same; a test asserts it).
+    """
+    act, other = _chunk_holds(w, layout, rank, dropout)
+    if all(a == act[0] for a in act) and all(o == other[0] for o in other):
+        n = in_flight_microbatches(layout, rank)
+        table = layout.chunks(w)
+        blocks = sum(table[rank]) if table else layout.rank_blocks(w)[rank]
+        per_layer = activation_bytes_per_layer(w, layout, dropout)
+        return blocks * per_layer * n, other[0] * layout.vp * n
+    return walk_peak(layout, rank, act, other)
+
+
+def walk_peak(layout: ClusterLayout, rank: int, act: list[float], other: list[float]) -> tuple[float, float]:
+    """(layer activations, other) at the peak of their sum over rank `rank`'s op order, given what one in-flight
+    micro-batch of each chunk holds (`act[c]`, `other[c]`)."""
+    order = schedule.op_order(layout.pipeline_schedule, layout.pp, layout.microbatches, layout.vp, rank)
+    frees = schedule.W if layout.pipeline_schedule == "zb_h1" else True  # the op after which nothing is held
+    a = o = 0.0
+    best = (0.0, 0.0)
+    for kind, c, _ in order:
+        if kind == frees:
+            a, o = a - act[c], o - other[c]
+        elif not kind:
+            a, o = a + act[c], o + other[c]
+            if a + o > best[0] + best[1]:
+                best = (a, o)
+    return best
+
+
 @dataclass
 class MemoryEstimate:
     """Bytes per GPU on the most loaded pipeline rank."""
@@ -93,12 +169,15 @@ class MemoryEstimate:
     grads: float
     optimizer: float
     activations: float
-    """Layer activations for `in_flight` micro-batches (+ one layer's working set under full recomputation)."""
+    """Layer activations the rank holds at its peak (`held_activations`: each in-flight (micro-batch, chunk) with its
+    chunk's own blocks), + one layer's working set under full recomputation."""
     other: float
-    """Outside the layers: embedding dropout masks on the first stage, final norm, head input and logits on the last."""
+    """Outside the layers: embedding dropout masks on the first stage, stage outputs kept for backward where they are
+    not freed after send (`free_stage_outputs`), final norm, head input and logits on the last."""
     total: float
     in_flight: float
-    """Micro-batches of layer activations held at the peak on that rank."""
+    """Micro-batches in flight at the rank's peak: the schedule's peak count of (micro-batch, chunk) forwards awaiting
+    their backward, ÷ v (`in_flight_microbatches`)."""
 
     def gib(self) -> dict:
         """Every field in GiB (2**30 bytes) rounded to 0.01; `in_flight` (a count) only rounded."""
@@ -134,7 +213,8 @@ def _adapter_params(w: Workload, layout: ClusterLayout) -> float:
     return w.inventory.trainable_params * max(layout.rank_blocks(w)) / layers / layout.tp
 
 
-def _rank_memory(w: Workload, layout: ClusterLayout, first: bool, last: bool, in_flight: float, dropout: bool):
+def _rank_memory(w: Workload, layout: ClusterLayout, rank: int, in_flight: float | None, dropout: bool):
+    first, last = rank == 0, rank == layout.pp - 1
     t, zero = layout.tp, layout.zero
     d = layout.zero_shards
     layers = _blocks(w, layout, first, last)
@@ -156,48 +236,62 @@ def _rank_memory(w: Workload, layout: ClusterLayout, first: bool, last: bool, in
             weights += experts * (ewb - wb)
             grads += experts * (egb - gb)
             optimizer += experts * (eob - ob)
+    # One layer's matrices on this rank (its routed experts: this rank's share).
+    layer_rank = (
+        w.inventory.layer_matrix_params
+        - w.inventory.expert_rank_params(1, 1)
+        + w.inventory.expert_rank_params(1, layout.ep)
+    )
     if zero == 3:
-        unit = (
-            2.0
-            * (
-                w.inventory.layer_matrix_params
-                - w.inventory.expert_rank_params(1, 1)
-                + w.inventory.expert_rank_params(1, layout.ep)
-            )
-            / t
-        )
-        # one layer's bf16 weights, all-gathered for use (its routed experts: this rank's share)
+        unit = 2.0 * layer_rank / t  # one layer's bf16 weights, all-gathered for use
         weights += 2 * unit  # the layer being computed plus the one prefetched
         grads += 0 if w.shape.lora else unit  # one layer's full gradients before their reduce-scatter
+    if zero == 2 and not w.shape.lora:
+        # One layer's unsharded gradients in the reduce dtype (fp32, as Llama 3 reduce-scatters, unless bf16
+        # gradients), alive from the layer's backward to its reduce-scatter: one layer at a time, as ZeRO-3 above.
+        grads += (BF16_BYTES if layout.bf16_grads else 4) * layer_rank / t
 
-    act = layers * activation_bytes_per_layer(w, layout, dropout) * in_flight
+    count = in_flight_microbatches(layout, rank)
+    act, other = held_activations(w, layout, rank, dropout)
+    if in_flight is not None and in_flight != count and count > 0:  # a what-if count: scale what the schedule holds
+        act, other = act * in_flight / count, other * in_flight / count
+        count = in_flight
     if layout.recompute == "full":  # backward re-runs one layer's forward: its full activations live meanwhile
         act += activation_bytes_per_layer(w, replace(layout, recompute="none"), dropout)
 
     s, b, h = w.seq_len / layout.cp, layout.mbs, w.shape.hidden
     sp_div = t if layout.sp else 1
-    other = 0.0
-    if first and dropout:
-        other += s * b * h / sp_div * in_flight  # embedding dropout mask, 1 byte
     if last:
         # The loss's backward follows its forward at once on the last stage, except under GPipe (all m wait).
         n_head = layout.microbatches if layout.pipeline_schedule == "gpipe" else 1
         v = w.shape.vocab
         other += n_head * s * b * (2 * h / sp_div + 2 * h / sp_div + LOGIT_BYTES * v / t)  # norm, head input
     total = weights + grads + optimizer + act + other
-    return MemoryEstimate(weights, grads, optimizer, act, other, total, in_flight)
+    return MemoryEstimate(weights, grads, optimizer, act, other, total, count)
 
 
 def memory_per_gpu(
     w: Workload, layout: ClusterLayout, in_flight: float | None = None, dropout: bool = False
 ) -> MemoryEstimate:
-    """Peak memory per GPU on the most loaded pipeline rank (the first or the last stage; one rank when pp = 1).
+    """Peak memory per GPU on the most loaded pipeline rank (one rank when pp = 1).
 
-    `in_flight` overrides the first stage's in-flight micro-batches (e.g. with the simulated schedule's value); the
-    last stage keeps its schedule count. `dropout` (hidden dropout masks) defaults off, as in both MLPerf models.
+    With even chunks that is the first stage (embedding, most micro-batches in flight) or the last (output layer and
+    logits): a middle rank holds the same blocks with fewer in flight. With uneven chunks a middle rank can hold more
+    (llama31_405b's 126 blocks in pp8 x vp8: 16 blocks on ranks 1-6, 15 on the ends), so the middle ranks are
+    examined too.
+    `in_flight` is a what-if count for the first stage (`stage_memory`); the other ranks keep the schedule's.
+    `dropout` (hidden dropout masks) defaults off, as in both MLPerf models.
     """
     ranks = {0, layout.pp - 1}
-    return max((stage_memory(w, layout, r, in_flight, dropout) for r in ranks), key=lambda e: e.total)
+    table = layout.chunks(w)
+    if table is not None and len({x for row in table for x in row}) > 1:
+        # Each middle rank runs the same forward and backward sequence after a warm-up that shrinks with the rank,
+        # so of the middle ranks holding the same chunks the first holds a superset at every point: one suffices.
+        first_of: dict[tuple[int, ...], int] = {}
+        for r in range(1, layout.pp - 1):
+            first_of.setdefault(table[r], r)
+        ranks |= set(first_of.values())
+    return max((stage_memory(w, layout, r, in_flight, dropout) for r in sorted(ranks)), key=lambda e: e.total)
 
 
 def stage_memory(
@@ -205,11 +299,10 @@ def stage_memory(
 ) -> MemoryEstimate:
     """Peak memory of one GPU of pipeline rank `pp_rank` (the first holds the embedding, the last the output layer).
 
-    `in_flight` overrides the first stage's in-flight micro-batches; other ranks keep their schedule count.
+    `in_flight` (first stage only; other ranks keep the schedule's) is a what-if count: the activations the schedule
+    holds there (`held_activations`) scaled by it over the schedule's own count, which therefore changes nothing.
     """
-    first, last = pp_rank == 0, pp_rank == layout.pp - 1
-    n = in_flight if in_flight is not None and first else in_flight_microbatches(layout, pp_rank)
-    return _rank_memory(w, layout, first, last, n, dropout)
+    return _rank_memory(w, layout, pp_rank, in_flight if pp_rank == 0 else None, dropout)
 
 
 def usable_bytes(hbm_gb: float, reserve_gib: float = 5.0, fragmentation: float = 0.03) -> float:
@@ -237,6 +330,9 @@ __all__ = [
     "fits",
     "activation_bytes_per_layer",
     "in_flight_microbatches",
+    "held_activations",
+    "walk_peak",
+    "stage_io_bytes",
     "bytes_per_param",
     "GIB",
     "GB",

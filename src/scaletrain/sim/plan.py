@@ -211,7 +211,7 @@ def plan(
     the RCP table's range and others use DEFAULT_GBS. `fp8` fixes the precision; otherwise both are tried where the
     GPU has FP8. `fp4` searches only FP4 layouts (FP4 GEMMs on the FP8 recipe). `as_trained` prices what `scaletrain
     train` runs instead of Megatron's recipe: FSDP2 (ZeRO-3 over dp·cp) at every pipeline depth, gradients reduced in
-    fp32 (also under FP8), no FP4. `fp8_attention` runs the FP8 layouts' attention in FP8 (False: bf16; None: the
+    fp32 (also under FP8), stage outputs kept to the backward, no FP4. `fp8_attention` runs the FP8 layouts' attention in FP8 (False: bf16; None: the
     benchmark recipe's); `fp4_healing_step` is the FP4 layouts' precision switch (None: the benchmark recipe's), which
     the final prices of the best layouts include (`predict`) and the search's ranking does not. `mlperf_run=False`
     (a pretraining run to a token budget) prices the best layouts' steps without a benchmark run (`predict`); it
@@ -412,6 +412,8 @@ class _Search:
                             pp_first_layers=self.split[0],
                             pp_last_layers=self.split[1],
                             pp_stage_layers=self.split[2],
+                            # torch's pipeline stages keep their outputs to the backward (parallel/sim_layout.py)
+                            free_stage_outputs=not self.as_trained,
                         )
                         lay = with_recipe(lay, self.bench)
                         problems = lay.problems(w)

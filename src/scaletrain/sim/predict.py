@@ -314,6 +314,8 @@ def _layout_dict(layout: ClusterLayout, w: Workload) -> dict:
     else:
         d["pp_stage_layers"] = list(d["pp_stage_layers"])
         d["chunk_layers"] = [list(row) for row in layout.chunks(w) or ()]
+    if d["free_stage_outputs"]:
+        del d["free_stage_outputs"]  # likewise: only layouts keeping stage outputs to backward (the trainer's)
     d["dp"] = layout.dp
     d["microbatches"] = layout.microbatches if layout.dp > 0 and layout.mbs > 0 else 0
     d["schedule"] = layout.pipeline_schedule

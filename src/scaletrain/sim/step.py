@@ -151,7 +151,8 @@ def _dp_buckets(
     """(reduce-scatter, all-gather) seconds of the DP buckets of one chunk on one rank, in backward order.
 
     Gradients are reduced in `layout.bf16_grads` precision (all-reduced when zero = 0); parameters are gathered in
-    bf16 (twice under ZeRO-3: for forward and again for backward). The input embedding belongs to rank 0 chunk 0
+    bf16 (twice under ZeRO-3: for forward and again for backward). These are one micro-batch's buckets under ZeRO-2,
+    which reduce-scatters every micro-batch's gradients (`_dp_timing` queues them m times) and gathers once. The input embedding belongs to rank 0 chunk 0
     (its grads come last in backward), the output head to the last rank's last chunk (its grads come first).
     """
     n = layout.dp * layout.cp
@@ -182,11 +183,13 @@ def _dp_buckets(
     )
 
 
-def _dp_timing(w, layout, cl, eff, ranks, fwd, bwd, lbe, ffs, makespan) -> tuple[float, float]:
+def _dp_timing(w, layout, cl, eff, ranks, fwd, bwd, lbe, ffs, makespan, bend=None) -> tuple[float, float]:
     """(exposed seconds, hidden seconds) of DP traffic, worst rank.
 
     Each bucket's reduce-scatter is released when the last micro-batch's backward has produced its gradients and
-    runs on one communication queue; what ends after the pipeline drains is exposed. Parameter all-gathers queue
+    runs on one communication queue; what ends after the pipeline drains is exposed. ZeRO-2 keeps only a shard of
+    the gradients, so every micro-batch's backward releases its buckets (`bend[r][c][j]`: when micro-batch j's
+    backward of chunk c ends on rank r), and those of the early micro-batches run under the later ones' compute. Parameter all-gathers queue
     from the step start and a bucket's layers cannot start their first forward before it lands. Overlapped
     communication runs at `dp_overlap` of its bandwidth (it shares SMs and HBM with the compute under it).
     """
@@ -217,8 +220,9 @@ def _dp_timing(w, layout, cl, eff, ranks, fwd, bwd, lbe, ffs, makespan) -> tuple
         for c in range(layout.vp):
             rs, ag = _dp_buckets(w, layout, cl, r, c)
             nb = len(rs)
-            start = lbe[r][c] - bwd[r][c]
-            jobs += [(start + (k + 1) / nb * bwd[r][c], rs[k] * scale) for k in range(nb)]
+            for end_b in bend[r][c] if layout.zero == 2 else (lbe[r][c],):
+                start = end_b - bwd[r][c]
+                jobs += [(start + (k + 1) / nb * bwd[r][c], rs[k] * scale) for k in range(nb)]
             for k in range(nb):  # forward needs the buckets in the reverse of backward order
                 done += ag[nb - 1 - k] * scale
                 delay = max(delay, done - (ffs[r][c] + k / nb * fwd[r][c]))
@@ -255,11 +259,12 @@ def step_time(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency, 
     sched = layout.pipeline_schedule
     if event:
         res = schedule.simulate(sched, p, m, v, fwd, bwd, p2p)
-        makespan, lbe, ffs, in_flight = (
+        makespan, lbe, ffs, in_flight, bend = (
             res.makespan,
             res.last_backward_end,
             res.first_forward_start,
             max(res.max_in_flight),
+            res.backward_end,
         )
     else:
         mean_chunk = sum(rank_work) / (p * v)
@@ -272,7 +277,15 @@ def step_time(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency, 
         ]
         ffs = [[r * fwd[0][0] + c * p * fwd[r][0] for c in range(v)] for r in range(p)]
         in_flight = min(m, ((p - 1) * 2 + (v - 1) * p + 1) / v if v > 1 else p)
-    dp_exposed, hidden = _dp_timing(w, layout, cl, eff, sorted({0, busiest, p - 1}), fwd, bwd, lbe, ffs, makespan)
+        # In steady state a rank runs one forward and one backward of each chunk per cycle of all its chunks' work,
+        # so micro-batch j's backward of chunk c ends m-1-j cycles before the last one.
+        # (Built only for ZeRO-2, the one mode that reads it: the planner prices thousands of layouts this way.)
+        bend = (
+            [[[lbe[r][c] - (m - 1 - j) * rank_work[r] for j in range(m)] for c in range(v)] for r in range(p)]
+            if layout.zero == 2
+            else []
+        )
+    dp_exposed, hidden = _dp_timing(w, layout, cl, eff, sorted({0, busiest, p - 1}), fwd, bwd, lbe, ffs, makespan, bend)
     compute_s = sum(fwd[busiest]) * m + sum(bwd[busiest]) * m - (exposed["tp"] + exposed["cp"] + exposed["ep"]) * m
     # The busiest optimizer shard: the first stage's layers plus its embedding (and the head too when pp = 1), or a
     # stage with more layers where the split is uneven.

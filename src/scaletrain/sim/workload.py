@@ -9,7 +9,7 @@ cannot disagree about the model.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from scaletrain import benchmarks
 from scaletrain.config import Config, ConfigError, resolve
@@ -109,7 +109,9 @@ class ClusterLayout:
     `BenchmarkSpec.fp4_healing_step`), 0 for other models. The step time is FP4's either way; the run's time
     (`predict`) prices the steps and evaluations after it at the FP8 rates. Ignored without fp4."""
     zero: int = 1
-    """Optimizer sharding over DP: 0 none, 1 distributed optimizer (ZeRO-1/2), 3 fully sharded (ZeRO-3/FSDP)."""
+    """Optimizer sharding over DP: 0 none, 1 distributed optimizer (ZeRO-1: gradients whole, reduce-scattered once a
+    step), 2 gradients sharded too and reduce-scattered after every micro-batch's backward, weights whole for the
+    step (FSDP without resharding after forward, as Llama 3 405B trained), 3 fully sharded (ZeRO-3/FSDP)."""
     bf16_grads: bool = False
     """Keep and reduce gradients in bf16 (MLPerf gpt3 recipes); False = Megatron's default fp32 main grads."""
     schedule: str = ""
@@ -131,6 +133,11 @@ class ClusterLayout:
     split. Megatron's `--decoder-last-pipeline-num-layers`."""
     pp_stage_layers: tuple[int, ...] = ()
     """Blocks of every virtual stage in pipeline order (pp*vp entries); empty = first/last or the default split."""
+    free_stage_outputs: bool = True
+    """A pipeline stage frees its output's data once sent, as Megatron does (`deallocate_output_tensor`) and Llama 3
+    did (Dubey et al. 2024, §3.3.2); False keeps each output to its micro-batch's backward, as
+    torch.distributed.pipelining's PipelineStage does (its `fwd_cache` holds the output tuple until
+    `backward_one_chunk`), costing one stage output per in-flight (micro-batch, chunk) (`memory.stage_io_bytes`)."""
 
     def chunks(self, w: Workload) -> tuple[tuple[int, ...], ...] | None:
         """Blocks of each (pipeline rank, virtual chunk) of `w` in this layout (`chunk_layers`); None if no split."""
@@ -231,8 +238,8 @@ class ClusterLayout:
             out.append(f"fp4_healing_step={step!r} must be a whole number of steps >= 0 (0 = no switch)")
         if self.recompute not in ("none", "selective", "full"):
             out.append(f"recompute={self.recompute!r} must be none, selective or full")
-        if self.zero not in (0, 1, 3):
-            out.append(f"zero={self.zero} must be 0, 1 or 3")
+        if self.zero not in (0, 1, 2, 3):
+            out.append(f"zero={self.zero} must be 0, 1, 2 or 3")
         if self.schedule not in ("", "gpipe", "1f1b", "interleaved_1f1b"):
             out.append(f"schedule={self.schedule!r} must be gpipe, 1f1b or interleaved_1f1b")
         if self.vp > 1 and self.schedule in ("gpipe", "1f1b"):
@@ -281,6 +288,13 @@ def chunk_layers(
       (rank 0, chunk 0, with the embedding) and the last (rank pp-1, chunk vp-1, with the output layer and loss)
       hold one block fewer (each keeps at least one).
     """
+    return _chunk_layers(layers, pp, vp, first, last, tuple(stages))
+
+
+@lru_cache(maxsize=4096)  # pure, and the memory model asks for the same split many times per layout
+def _chunk_layers(
+    layers: int, pp: int, vp: int, first: int, last: int, stages: tuple[int, ...]
+) -> tuple[tuple[int, ...], ...] | None:
     n = pp * vp
     if min(layers, pp, vp) < 1:
         return None
