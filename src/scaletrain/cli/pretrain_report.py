@@ -162,14 +162,17 @@ def predict_tokens(args, w: Workload, layout: ClusterLayout, show: Callable[[Pre
         print(json.dumps({**main.to_dict(), "pretraining": run.to_dict()}, indent=2))
     else:
         show(main)
-        print_pretraining(run)
+        print_pretraining(run, shown=tuple(main.reasons))
     return 0 if main.feasible and run.feasible else 1
 
 
-def print_pretraining(run: Pretraining, out=None) -> None:
-    """The run to its token budget: days, throughput, MFU, the ramp, the step breakdown."""
+def print_pretraining(run: Pretraining, out=None, shown: tuple = ()) -> None:
+    """The run to its token budget: days, throughput, MFU, the ramp, failures and checkpoints, cost and energy;
+    reasons it cannot run beyond `shown` (those the prediction above printed already)."""
+    new = [r for r in run.reasons if r not in shown]
     if run.days is None:
-        print("  pretraining run: NOT FEASIBLE: " + "; ".join(run.reasons), file=out)
+        if new:
+            print("  pretraining run: NOT FEASIBLE: " + "; ".join(new), file=out)
         return
     print(
         f"  pretraining {format_count(run.tokens)} tokens of {run.seq_len:,}: {run.steps:,.0f} steps, "
@@ -201,8 +204,8 @@ def print_pretraining(run: Pretraining, out=None) -> None:
     if run.cost:
         for line in cost_lines(RunCost(**run.cost)):
             print("  " + line, file=out)
-    if not run.feasible:
-        print("  NOT FEASIBLE: " + "; ".join(run.reasons), file=out)
+    if new:
+        print("  NOT FEASIBLE: " + "; ".join(new), file=out)
 
 
 RANK_BY = ("time", "cost", "energy")
@@ -276,6 +279,6 @@ def plan_tokens(
     for i, (main, run, lines) in enumerate(runs, 1):
         print(f"#{i}", end=" ")
         show(main)
-        print_pretraining(run)
+        print_pretraining(run, shown=tuple(main.reasons))
         show_lines(lines)
     return 0

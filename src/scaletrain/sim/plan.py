@@ -232,7 +232,7 @@ def plan(
     precisions = _precisions(g, fp8, fp4, as_trained)
     if fp8_attention and True not in precisions:
         raise ValueError(f"FP8 attention needs FP8 layouts, and none is searched on {g.key}")
-    lo, hi = _batch_range(bench, gbs)
+    lo, hi = _batch_range(bench if mlperf_run else None, gbs)  # a token budget is no MLPerf run: any batch
     split = (pp_first_layers, pp_last_layers, tuple(pp_stage_layers))
     uneven = pp_first_layers >= 0 or pp_last_layers >= 0 or bool(pp_stage_layers)
     if uneven and not _pipelines(w.shape.layers, split):
