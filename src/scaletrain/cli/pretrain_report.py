@@ -22,6 +22,7 @@ from scaletrain.sim.goodput import (
     Goodput,
     goodput_for,
 )
+from scaletrain.sim.plan import PlanResult
 from scaletrain.sim.predict import Prediction, benchmark_of
 from scaletrain.sim.pretrain import TOKENS_MAX, Pretraining, RampStage, layout_of, parse_ramp, price_pretraining
 from scaletrain.sim.units import count_flag, format_count
@@ -223,46 +224,29 @@ def rank_key(run: Pretraining, by: str) -> tuple:
     return (0 if value is not None else 1, value or 0.0, days)
 
 
-__all__ = ["token_flags", "resolve", "with_seq", "predict_tokens", "print_pretraining", "plan_tokens"]
+def plan_inputs(args, w: Workload) -> tuple[Workload, int, dict]:
+    """`plan --tokens`: (the workload at --seq, the batch the search keeps: --gbs or the ramp's largest, the plan()
+    options of a run that is no MLPerf run: ranked by throughput, priced without the benchmark's run); ValueError
+    (one line) without a batch."""
+    _, ramp = resolve(args)
+    if args.gbs is None and not ramp:
+        raise ValueError("plan --tokens needs --gbs or --gbs-ramp: the batch is a training choice the search keeps")
+    gbs = args.gbs if args.gbs is not None else max(s.gbs for s in ramp)
+    return with_seq(w, args), gbs, {"objective": "throughput", "mlperf_run": False}
 
 
 def plan_tokens(
     args,
     w: Workload,
+    res: PlanResult,
     show: Callable[[Prediction], None],
     run_lines: Callable,
     show_lines: Callable,
-    split: dict | None = None,
 ) -> int:
-    """`plan --tokens`: the layout search at the run's largest batch by throughput, then each of the best priced as
-    the whole run (its batch ramp too) and ranked by the run's days; text or JSON (the prediction's keys plus
-    "pretraining" and the run lines). 0 when something fits, 1 when nothing does."""
-    from scaletrain.sim.plan import plan
-
-    tokens, ramp = resolve(args)
-    assert tokens is not None
-    if args.gbs is None and not ramp:
-        raise ValueError("plan --tokens needs --gbs or --gbs-ramp: the batch is a training choice the search keeps")
+    """`plan --tokens`: each of the search's best layouts (`res`, from `plan_inputs`) priced as the whole run (its
+    batch ramp too) and ranked by --rank-by; text or JSON (the prediction's keys plus "pretraining" and the run
+    lines). 0 when something fits, 1 when nothing does."""
     cat = load_catalog(args.catalog)
-    res = plan(
-        with_seq(w, args),
-        args.gpu,
-        args.gpus,
-        args.node,
-        args.fabric,
-        args.calibration,
-        top=args.top,
-        gbs=args.gbs if args.gbs is not None else max(s.gbs for s in ramp),
-        catalog=cat,
-        fp4=args.fp4,
-        as_trained=args.as_trained,
-        moe_imbalance=args.moe_imbalance,
-        fp8_attention=args.fp8_attention,
-        fp4_healing_step=args.fp4_healing_step,
-        objective="throughput",
-        mlperf_run=False,
-        **(split or {}),
-    )
     runs = []
     for p in res.best:
         main, run, _ = price_run(args, w, layout_of(p), cat)
@@ -271,10 +255,7 @@ def plan_tokens(
     if args.json:
         print(json.dumps([{**m.to_dict(), "pretraining": r.to_dict(), **lines} for m, r, lines in runs], indent=2))
         return 0 if runs else 1
-    print(f"searched {res.searched:,} layouts, {res.feasible:,} feasible, in {res.seconds:.2f} s")
-    if not runs:
-        reasons = res.rejected or {}
-        print("nothing fits; most common reasons: " + "; ".join(f"{r} ({n})" for r, n in list(reasons.items())[:3]))
+    if not print_search(res):
         return 1
     for i, (main, run, lines) in enumerate(runs, 1):
         print(f"#{i}", end=" ")
@@ -282,3 +263,25 @@ def plan_tokens(
         print_pretraining(run, shown=tuple(main.reasons))
         show_lines(lines)
     return 0
+
+
+def print_search(res: PlanResult) -> bool:
+    """The search's summary line, and why nothing fits when nothing does; False then."""
+    print(f"searched {res.searched:,} layouts, {res.feasible:,} feasible, in {res.seconds:.2f} s")
+    if not res.best:
+        reasons = res.rejected or {}
+        print("nothing fits; most common reasons: " + "; ".join(f"{r} ({n})" for r, n in list(reasons.items())[:3]))
+        return False
+    return True
+
+
+__all__ = [
+    "token_flags",
+    "resolve",
+    "with_seq",
+    "predict_tokens",
+    "print_pretraining",
+    "plan_inputs",
+    "plan_tokens",
+    "print_search",
+]

@@ -245,13 +245,12 @@ def cmd_plan(args) -> int:
             f"--pp-stage-layers: the stage layer list sums to {sum(split['pp_stage_layers'])} blocks, but {w.name} "
             f"has {w.shape.layers}"
         )
+    cat = load_catalog(args.catalog)
+    gbs: int | None = args.gbs
+    run_options: dict = {}
     if args.tokens is not None:
-        cat = load_catalog(args.catalog)
-
-        def lines(p: Prediction) -> dict:
-            return plan_run_lines(args.model, args.set, p.layout, p.gpu, cat.node(p.node).gpus_per_node, sim_inputs)
-
-        return pretrain_report.plan_tokens(args, w, print_prediction, lines, print_run_lines, split)
+        # A token budget: the search at the run's (largest) batch by throughput, its best priced as whole runs.
+        w, gbs, run_options = pretrain_report.plan_inputs(args, w)
     res = plan(
         w,
         args.gpu,
@@ -260,27 +259,27 @@ def cmd_plan(args) -> int:
         args.fabric,
         args.calibration,
         top=args.top,
-        gbs=args.gbs,
-        catalog=load_catalog(args.catalog),
+        gbs=gbs,
+        catalog=cat,
         fp4=args.fp4,
         as_trained=args.as_trained,
         moe_imbalance=args.moe_imbalance,
         fp8_attention=args.fp8_attention,
         fp4_healing_step=args.fp4_healing_step,
         **split,
+        **run_options,
     )
-    cat = load_catalog(args.catalog)
-    runs = [
-        plan_run_lines(args.model, args.set, p.layout, p.gpu, cat.node(p.node).gpus_per_node, sim_inputs)
-        for p in res.best
-    ]
+
+    def lines(p: Prediction) -> dict:
+        return plan_run_lines(args.model, args.set, p.layout, p.gpu, cat.node(p.node).gpus_per_node, sim_inputs)
+
+    if args.tokens is not None:
+        return pretrain_report.plan_tokens(args, w, res, print_prediction, lines, print_run_lines)
+    runs = [lines(p) for p in res.best]
     if args.json:
         print(json.dumps([{**p.to_dict(), **run} for p, run in zip(res.best, runs)], indent=2))
         return 0 if res.best else 1
-    print(f"searched {res.searched:,} layouts, {res.feasible:,} feasible, in {res.seconds:.2f} s")
-    if not res.best:
-        reasons = getattr(res, "rejected", {}) or {}
-        print("nothing fits; most common reasons: " + "; ".join(f"{r} ({n})" for r, n in list(reasons.items())[:3]))
+    if not pretrain_report.print_search(res):
         return 1
     for i, (p, run) in enumerate(zip(res.best, runs), 1):
         print(f"#{i}", end=" ")
