@@ -2,7 +2,7 @@
 
 The step is `predict`'s (the same flags); `sim/goodput.py` turns it into the checkpoint interval, the goodput and the
 expected days, and samples the spread with a Monte-Carlo. Registered by `cli/main.py` into the `sim` subcommands that
-`cli/sim.py` builds (this module imports that one, so that one cannot import this). Nothing here imports torch.
+`cli/sim.py` builds; the job and layout flags are predict's (`cli/job_args.py`). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import argparse
 import json
 import math
 
+from scaletrain.cli.job_args import job_flags, layout_flags, layout_from_args, split_flags
 from scaletrain.cli.pretrain_report import price_run, with_seq
-from scaletrain.cli.sim import _job_flags, _layout, _layout_flags, _split_flags
 from scaletrain.config_bounds import SEED_MAX, int_flag
 from scaletrain.sim.catalog import DEFAULT_GPU
 from scaletrain.sim.goodput import (
@@ -40,7 +40,7 @@ def price(args) -> tuple[Workload, ClusterLayout, Prediction, Goodput, Pretraini
     run `predict --tokens` prices (`pretrain_report.price_run`: --seq and --gbs-ramp included)."""
     if args.tokens is None:
         raise ValueError(f"sim {args.sim_command} needs --tokens N (e.g. 15.6T)")
-    w, layout = load_workload(args.model, tuple(args.set)), _layout(args)
+    w, layout = load_workload(args.model, tuple(args.set)), layout_from_args(args)
     p, run, g = price_run(args, w, layout)
     if g is None:
         raise ValueError(f"{args.model} cannot run in this layout: {'; '.join(run.reasons or p.reasons)}")
@@ -263,9 +263,9 @@ def add_parsers(ssub) -> None:
     g = ssub.add_parser(
         "goodput", help="days to N tokens with failures, checkpoints and restarts", description=cmd_goodput.__doc__
     )
-    _job_flags(g)
-    _layout_flags(g)
-    _split_flags(g)
+    job_flags(g)
+    layout_flags(g)
+    split_flags(g)
     _goodput_flags(g, runs_default=1000)
     g.set_defaults(func=cmd_goodput)
 
@@ -278,9 +278,9 @@ def add_parsers(ssub) -> None:
         "`sim goodput` flags; --out defaults to sim_goodput.png)",
     )
     extra = _Extra(plot, skip=("--json",))
-    _job_flags(extra)
-    _layout_flags(extra)
-    _split_flags(extra)
+    job_flags(extra)
+    layout_flags(extra)
+    split_flags(extra)
     _goodput_flags(extra, runs_default=200)
     plot.set_defaults(
         func=cmd_plot,

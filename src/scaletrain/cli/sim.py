@@ -6,7 +6,6 @@ trainer's own layout adapter (`parallel/sim_layout.py`, torch-free), as `train -
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from dataclasses import replace
@@ -16,12 +15,22 @@ from scaletrain import benchmarks
 from scaletrain.cli import pretrain_report
 from scaletrain.cli.calibrate_modes import calibrate_from_runs, calibrate_layer_timings
 from scaletrain.cli.cost_args import add_prices_parser
+from scaletrain.cli.job_args import (
+    catalog_flag,
+    check_recipe_flags,
+    check_split,
+    job_flags,
+    layout_flags,
+    layout_from_args,
+    split_flags,
+    split_from_args,
+)
 from scaletrain.cli.run_lines import plan_run_lines, print_run_lines
 from scaletrain.cli.validate_report import print_rates, print_terms, print_validation
-from scaletrain.config_bounds import DEGREE_MAX, LAYERS_MAX, TOP_MAX, float_flag, int_flag
+from scaletrain.config_bounds import DEGREE_MAX, TOP_MAX, int_flag
 from scaletrain.log import get_logger
 from scaletrain.parallel.sim_layout import sim_inputs
-from scaletrain.sim.catalog import DEFAULT_GPU, Catalog, load_catalog, shipped_keys
+from scaletrain.sim.catalog import Catalog, load_catalog
 from scaletrain.sim.efficiency import efficiency_for, load_efficiencies
 from scaletrain.sim.fit import calibrate as cal
 from scaletrain.sim.fit.rate_table import largest_by_kind, rate_table
@@ -30,110 +39,12 @@ from scaletrain.sim.fit.terms import bundled_terms, score_terms, terms_summary
 from scaletrain.sim.fit.validate import cross_validate, cv_json, default_jobs, score_dict
 from scaletrain.sim.predict import Prediction, benchmark_of, predict
 from scaletrain.sim.rate_bounds import PEAK_FRACTION
-from scaletrain.sim.workload import ClusterLayout, load_config, load_workload, split_problem
+from scaletrain.sim.workload import load_config, load_workload
 
 log = get_logger(__name__)
 
 SAMPLES_MAX = 10**12
 """Largest --samples: a million times gpt3's RCP (about 600,000 sequences), far past any run anyone would price."""
-
-HEALING_MAX = 10**9
-"""Largest --fp4-healing-step: a billion steps, more than any run trains, where it means "never switch" as 0 does."""
-
-GBS_MAX = 2**17
-"""Largest --gbs the simulator takes: 8x DeepSeek-V3's 15,360 sequences, the largest published. `plan` event-simulates
-its best layouts, and at a larger batch those can hold millions of micro-batches, each simulated (minutes)."""
-
-
-def _layout(args) -> ClusterLayout:
-    spec = benchmarks.for_model(args.model)
-    _, ramp = pretrain_report.resolve(args)
-    # None is "not given"; --gbs 0 never gets here (its flag type refuses it) to be read as the default. A batch ramp
-    # lays the run out for its largest batch (each stage is priced at its own).
-    gbs = (
-        args.gbs if args.gbs is not None else max(s.gbs for s in ramp) if ramp else (spec.default_gbs if spec else None)
-    )
-    if gbs is None:
-        raise ValueError("--gbs is required for models that are not an MLPerf benchmark")
-    _check_recipe_flags(args, fp8=args.fp8 or args.fp4)
-    return ClusterLayout(
-        gpus=args.gpus,
-        tp=args.tp,
-        pp=args.pp,
-        vp=args.vp,
-        cp=args.cp,
-        mbs=args.mbs,
-        gbs=gbs,
-        sp=not args.no_sp,
-        recompute=args.recompute,
-        fp8=args.fp8 or args.fp4,
-        fp4=args.fp4,
-        fp8_attention=args.fp8_attention,
-        fp4_healing_step=args.fp4_healing_step,
-        zero=args.zero,
-        schedule=args.schedule,
-        bf16_grads=args.grad_dtype == "bf16" or (args.grad_dtype == "auto" and (args.fp8 or args.fp4)),
-        ep=args.ep,
-        moe_imbalance=args.moe_imbalance,
-        **_split_args(args),
-    )
-
-
-def _split_args(args) -> dict:
-    """The uneven pipeline split of --pp-first-layers / --pp-last-layers / --pp-stage-layers as `ClusterLayout`
-    fields; ValueError (one line, exit 2) when the list comes with first/last."""
-    first = -1 if args.pp_first_layers is None else args.pp_first_layers
-    last = -1 if args.pp_last_layers is None else args.pp_last_layers
-    stages: tuple[int, ...] = args.pp_stage_layers or ()
-    if stages and (first >= 0 or last >= 0):
-        raise ValueError("--pp-stage-layers gives every stage's blocks: drop --pp-first-layers / --pp-last-layers")
-    return {"pp_first_layers": first, "pp_last_layers": last, "pp_stage_layers": stages}
-
-
-def _check_split(w, layout: ClusterLayout) -> None:
-    """ValueError (one line, exit 2) naming the split flags when they cannot split `w`'s blocks over `layout`'s
-    pp x vp stages (`split_problem`); the default split keeps its infeasible-layout report."""
-    flags = [
-        flag
-        for flag, given in (
-            ("--pp-first-layers", layout.pp_first_layers >= 0),
-            ("--pp-last-layers", layout.pp_last_layers >= 0),
-            ("--pp-stage-layers", bool(layout.pp_stage_layers)),
-        )
-        if given
-    ]
-    if not flags:
-        return
-    if layout.pp < 2:
-        raise ValueError(f"{' / '.join(flags)} split pipeline stages: they need --pp 2 or more")
-    why = split_problem(
-        w.shape.layers, layout.pp, layout.vp, layout.pp_first_layers, layout.pp_last_layers, layout.pp_stage_layers
-    )
-    if why:
-        raise ValueError(f"{' / '.join(flags)}: {why} ({w.name}, --pp {layout.pp} --vp {layout.vp})")
-
-
-def _stage_list(text: str) -> tuple[int, ...]:
-    """argparse type of --pp-stage-layers: comma-separated block counts, each in [0, LAYERS_MAX]."""
-    parts = [t.strip() for t in text.strip().strip("[]").split(",")]
-    if not parts or not all(t.isdecimal() for t in parts):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of block counts >= 0, e.g. 3,4,4,2")
-    counts = tuple(int(t) for t in parts)
-    if max(counts) > LAYERS_MAX or len(counts) > LAYERS_MAX + 2:
-        raise argparse.ArgumentTypeError(f"{text!r}: at most {LAYERS_MAX + 2} stages of at most {LAYERS_MAX} blocks")
-    return counts
-
-
-_stage_list.__name__ = "list"  # argparse names the type in its "invalid <type> value" fallback
-
-
-def _check_recipe_flags(args, fp8: bool) -> None:
-    """ValueError (one line, exit 2) for a recipe flag its precision cannot take: --fp8-attention without the FP8
-    recipe, --fp4-healing-step without --fp4."""
-    if args.fp8_attention and not fp8:
-        raise ValueError("--fp8-attention needs --fp8 (or --fp4): FP8 attention is part of the FP8 recipe")
-    if args.fp4_healing_step is not None and not args.fp4:
-        raise ValueError("--fp4-healing-step needs --fp4: only FP4 runs switch to FP8 at a healing step")
 
 
 def _fmt_min(x) -> str:
@@ -211,8 +122,8 @@ def cmd_predict(args) -> int:
         config_file = args.from_config if isinstance(args.from_config, str) else None
         w, layout = sim_inputs(load_config(args.model, tuple(args.set), config_file), args.gpus)
     else:
-        w, layout = load_workload(args.model, tuple(args.set)), _layout(args)
-        _check_split(w, layout)
+        w, layout = load_workload(args.model, tuple(args.set)), layout_from_args(args)
+        check_split(w, layout)
     if args.tokens is not None:
         return pretrain_report.predict_tokens(args, w, layout, print_prediction)
     p = predict(
@@ -237,9 +148,9 @@ def cmd_plan(args) -> int:
     best."""
     from scaletrain.sim.plan import plan
 
-    _check_recipe_flags(args, fp8=True)  # plan's FP8 layouts take --fp8-attention; --fp4-healing-step needs --fp4
+    check_recipe_flags(args, fp8=True)  # plan's FP8 layouts take --fp8-attention; --fp4-healing-step needs --fp4
     w = load_workload(args.model, tuple(args.set))
-    split = _split_args(args)
+    split = split_from_args(args)
     if sum(split["pp_stage_layers"]) not in (0, w.shape.layers):
         raise ValueError(
             f"--pp-stage-layers: the stage layer list sums to {sum(split['pp_stage_layers'])} blocks, but {w.name} "
@@ -467,16 +378,6 @@ def cmd_plot(args) -> int:
     return 0
 
 
-LAYOUT_DEGREES = {
-    "tp": "tensor-parallel degree: GPUs that split each layer's matrices (default 1)",
-    "pp": "pipeline-parallel degree: stages the layers are split into (default 1)",
-    "vp": "virtual pipeline stages per GPU, for the interleaved schedule (default 1)",
-    "cp": "context-parallel degree: GPUs that split each sequence (default 1)",
-    "ep": "expert-parallel degree: GPUs that split an MoE layer's experts (default 1)",
-}
-"""predict's layout flags and what each degree splits."""
-
-
 def add_parsers(sub):
     """Attach predict, plan and sim (validate, calibrate, plot, prices) to the `scaletrain` subparsers; returns the
     `sim` subparsers (`cli/goodput.py` adds its commands there)."""
@@ -491,184 +392,13 @@ def add_parsers(sub):
     return ssub
 
 
-def _catalog_flag(p) -> None:
-    p.add_argument(
-        "--catalog", action="append", default=[], metavar="TOML", help="an extra hardware catalog file (repeatable)"
-    )
-
-
-def _job_flags(p) -> None:
-    """What predict and plan share: the model, the cluster, the calibration, the batch and the output."""
-    p.add_argument(
-        "--model",
-        default="gpt3-175b",
-        metavar="NAME",
-        help="the model, a preset or benchmark (default gpt3-175b): "
-        + ", ".join(f"{b.reference_preset} ({b.name})" for b in benchmarks.BENCHMARKS.values())
-        + ", any preset",
-    )
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a model field, e.g. --set model.n_layers=48 (repeatable)",
-    )
-    p.add_argument(
-        "--gpu",
-        default=DEFAULT_GPU,
-        metavar="GPU",
-        help=f"the GPU (default {DEFAULT_GPU}): {', '.join(shipped_keys('gpus'))} or a key of a --catalog file",
-    )
-    p.add_argument(
-        "--gpus",
-        "--world-size",
-        dest="gpus",
-        type=int_flag(1, DEGREE_MAX),
-        required=True,
-        metavar="N",
-        help="number of GPUs in the cluster (= ranks)",
-    )
-    p.add_argument(
-        "--node",
-        metavar="NODE",
-        help="node type (default: the GPU's usual one): hgx-h100, nd-h200-v5, gb200-nvl72, hgx-b300, mi355x-oam, ...",
-    )
-    p.add_argument(
-        "--fabric",
-        metavar="FABRIC",
-        help="scale-out network (default: the node's): ib-ndr, ib-ndr-sharp, ib-xdr, ib-hdr, roce, roce-800",
-    )
-    p.add_argument(
-        "--calibration",
-        metavar="SET",
-        help="fitted efficiency set: v3.0, v3.1, v4.0, v4.1, v5.0, v5.1 (default newest), or measured (the set "
-        "`sim calibrate` fitted on your runs of this GPU, in the file $SCALETRAIN_EFFICIENCY names)",
-    )
-    _catalog_flag(p)
-    p.add_argument(
-        "--gbs",
-        type=int_flag(1, GBS_MAX),
-        metavar="N",
-        help="global batch size in sequences (default: a benchmark's reference batch; plan searches the "
-        "benchmark's batches without it)",
-    )
-    p.add_argument(
-        "--fp4",
-        action="store_true",
-        help="FP4 GEMMs (NVFP4/MXFP4) where FP8 would apply, on the FP8 recipe (implies --fp8 for predict)",
-    )
-    p.add_argument(
-        "--fp8-attention",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="run the attention core (flash attention, forward and backward) in FP8 on FP8 layouts, at the catalog's "
-        "FP8 attention rate (NeMo's FP8_DPA=1); default: what the benchmark's reference recipe does (bf16 for every "
-        "benchmark today, the MLCommons llama2_70b_lora reference included). predict needs --fp8 or --fp4 for it",
-    )
-    p.add_argument(
-        "--fp4-healing-step",
-        type=int_flag(0, HEALING_MAX),
-        default=None,
-        metavar="N",
-        help="with --fp4: the step after which the run continues with FP8 GEMMs, the steps and evaluations after it "
-        "priced at the FP8 rates; 0 = no switch (default: the benchmark's recipe, 350 for llama2_70b_lora as its "
-        "published FP4 configs set HEALING_ITER, else 0)",
-    )
-    p.add_argument("--json", action="store_true", help="print the result as JSON instead of text")
-    pretrain_report.token_flags(p)
-    p.add_argument(
-        "--moe-imbalance",
-        type=float_flag(1.0, float(DEGREE_MAX)),
-        default=1.0,
-        metavar="X",
-        help="MoE: the busiest expert rank's tokens over the mean (>= 1, default 1)",
-    )
-
-
-def _layout_flags(p) -> None:
-    """predict's one layout: the parallel degrees, micro-batch, precision, recomputation, sharding, schedule."""
-    for name, what in LAYOUT_DEGREES.items():
-        p.add_argument(f"--{name}", type=int_flag(1, DEGREE_MAX), default=1, metavar="N", help=what)
-    p.add_argument(
-        "--mbs",
-        type=int_flag(1, GBS_MAX),
-        default=1,
-        metavar="N",
-        help="micro-batch size in sequences (default 1)",
-    )
-    p.add_argument("--fp8", action="store_true", help="run the GEMMs in FP8 (the MLPerf recipes do)")
-    p.add_argument("--no-sp", action="store_true", help="no sequence parallelism alongside tensor parallelism")
-    p.add_argument(
-        "--recompute",
-        default="none",
-        choices=("none", "selective", "full"),
-        help="activation recomputation: none (default), selective (attention) or full (every layer)",
-    )
-    p.add_argument(
-        "--zero",
-        type=int,
-        default=1,
-        choices=(0, 1, 2, 3),
-        help="optimizer sharding: 0 none, 1 distributed optimizer (default), 2 gradients sharded too, reduce-scattered "
-        "every micro-batch, weights whole (FSDP without resharding after forward, as Llama 3 trained), 3 fully sharded",
-    )
-    p.add_argument(
-        "--schedule",
-        default="",
-        choices=("", "gpipe", "1f1b", "interleaved_1f1b"),
-        help="the pipeline schedule to simulate (default: interleaved_1f1b with --vp above 1, else 1f1b)",
-    )
-    p.add_argument(
-        "--grad-dtype",
-        default="auto",
-        choices=("auto", "bf16", "fp32"),
-        help="gradient buffer and reduction dtype; auto = bf16 with --fp8 (the MLPerf FP8 "
-        "recipes), else fp32 (Megatron's default)",
-    )
-
-
-def _split_flags(p, plan: bool = False) -> None:
-    """predict's and plan's uneven pipeline split (Megatron's first/last stage layer counts, or one per stage)."""
-    scope = (
-        "; plan then searches only the pipelined layouts (pp >= 2) whose pp x vp stages it splits"
-        if plan
-        else "; needs --pp 2 or more"
-    )
-    p.add_argument(
-        "--pp-first-layers",
-        type=int_flag(0, LAYERS_MAX),
-        default=None,
-        metavar="N",
-        help="transformer blocks of the first virtual pipeline stage (with the embedding; 0 = only the embedding), "
-        "the other stages splitting the rest evenly: Megatron's --decoder-first-pipeline-num-layers" + scope,
-    )
-    p.add_argument(
-        "--pp-last-layers",
-        type=int_flag(0, LAYERS_MAX),
-        default=None,
-        metavar="N",
-        help="transformer blocks of the last virtual pipeline stage (with the output layer and loss; 0 = only "
-        "those): Megatron's --decoder-last-pipeline-num-layers" + scope,
-    )
-    p.add_argument(
-        "--pp-stage-layers",
-        type=_stage_list,
-        default=None,
-        metavar="N,N,...",
-        help="blocks of every virtual pipeline stage in order (pp x vp counts summing to the model's blocks; stage k "
-        "on pipeline rank k %% pp; only the first and last may be 0), instead of --pp-first-layers/--pp-last-layers"
-        + scope,
-    )
-
-
 def _add_predict(sub) -> None:
     p = sub.add_parser(
         "predict", help="predict step time, memory and time-to-train on a cluster", description=cmd_predict.__doc__
     )
-    _job_flags(p)
-    _layout_flags(p)
-    _split_flags(p)
+    job_flags(p)
+    layout_flags(p)
+    split_flags(p)
     p.add_argument(
         "--from-config",
         nargs="?",
@@ -693,8 +423,8 @@ def _add_predict(sub) -> None:
 
 def _add_plan(sub) -> None:
     p = sub.add_parser("plan", help="search parallel layouts for a cluster", description=cmd_plan.__doc__)
-    _job_flags(p)
-    _split_flags(p, plan=True)
+    job_flags(p)
+    split_flags(p, plan=True)
     p.add_argument(
         "--top",
         type=int_flag(1, TOP_MAX),
@@ -727,7 +457,7 @@ def _add_validate(ssub) -> None:
         metavar="CSV",
         help="results CSV in the calibration format (repeatable; default: the shipped calibration rows)",
     )
-    _catalog_flag(v)
+    catalog_flag(v)
     v.add_argument("--json", action="store_true", help="print the result as JSON instead of text")
     v.add_argument(
         "--cv",
@@ -790,7 +520,7 @@ def _add_calibrate(ssub) -> None:
     c.add_argument(
         "--calibration", metavar="SET", help="the set whose other scalars the runs' fit starts from (default newest)"
     )
-    _catalog_flag(c)
+    catalog_flag(c)
     c.add_argument("--out", metavar="JSON", help="write the fitted sets here (point $SCALETRAIN_EFFICIENCY at it)")
     c.add_argument(
         "--layer-timings",
