@@ -122,6 +122,8 @@ def test_predict_tokens_text_and_seq(capsys):
     [
         (["--seq", "4096"], "--seq and --gbs-ramp need --tokens"),
         (["--tokens", "1T", "--gbs-ramp", "256@0,512@1B"], "give --gbs or --gbs-ramp, not both"),
+        (["--pue", "1.2"], "--pue needs --tokens"),
+        (["--async-checkpoint", "--relaunch-min", "3"], "--async-checkpoint, --relaunch-min need --tokens"),
     ],
 )
 def test_token_flag_errors_are_one_line(capsys, extra, message):

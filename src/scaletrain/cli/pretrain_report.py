@@ -100,6 +100,18 @@ def failure_flags(p) -> None:
     )
 
 
+RUN_ONLY = (
+    "interruptions_per_gpu_hour",
+    "storage_gbps",
+    "async_checkpoint",
+    "checkpoint_interval_min",
+    "price_per_gpu_hour",
+    "pue",
+    "grid_gco2_per_kwh",
+)
+"""The failure and cost flags (argparse names): a run to a token budget is what they price."""
+
+
 def resolve(args) -> tuple[float | None, tuple[RampStage, ...]]:
     """(--tokens as a count or None, the --gbs-ramp stages or ()); ValueError (one line) for a bad value or a flag
     that needs --tokens."""
@@ -107,6 +119,12 @@ def resolve(args) -> tuple[float | None, tuple[RampStage, ...]]:
     ramp = parse_ramp(args.gbs_ramp) if getattr(args, "gbs_ramp", None) else ()
     if tokens is None and (ramp or getattr(args, "seq", None)):
         raise ValueError("--seq and --gbs-ramp need --tokens (they describe a pretraining run)")
+    given = [f"--{name.replace('_', '-')}" for name in RUN_ONLY if getattr(args, name, None) not in (None, False)]
+    if tokens is None and getattr(args, "relaunch_min", RELAUNCH_S / 60) != RELAUNCH_S / 60:
+        given.append("--relaunch-min")
+    if tokens is None and given:
+        verb = "needs" if len(given) == 1 else "need"
+        raise ValueError(f"{', '.join(given)} {verb} --tokens: a pretraining run's failures, cost and energy")
     if ramp and args.gbs is not None:
         raise ValueError("give --gbs or --gbs-ramp, not both (the ramp's stages are the batches)")
     return tokens, ramp
