@@ -245,8 +245,10 @@ def layout_flags(p) -> None:
     p.add_argument(
         "--schedule",
         default="",
-        choices=("", "gpipe", "1f1b", "interleaved_1f1b"),
-        help="the pipeline schedule to simulate (default: interleaved_1f1b with --vp above 1, else 1f1b)",
+        choices=("", "gpipe", "1f1b", "interleaved_1f1b", "zb_h1"),
+        help="the pipeline schedule to simulate (default: interleaved_1f1b with --vp above 1, else 1f1b); zb_h1 is "
+        "zero bubble (Qi et al. 2023): 1F1B with each weight gradient deferred into the bubble, at 1F1B's memory "
+        "(the simulator's; the trainer runs gpipe, 1f1b and interleaved_1f1b)",
     )
     p.add_argument(
         "--grad-dtype",

@@ -47,6 +47,8 @@ class LayerTimes:
     """The GEMM part of fwd (what TP communication can overlap with)."""
     gemm_bwd: float = 0.0
     """The GEMM part of bwd without recomputation (data gradients, and weight gradients of trained weights)."""
+    gemm_wgrad: float = 0.0
+    """Of gemm_bwd, the weight gradients of trained weights: what a zero-bubble schedule defers (`schedule` zb_h1)."""
 
 
 def gemm_time(gpu: GPU, flops: float, fp8: bool, eff: float, fp4: bool = False, fp4_eff: float = 1.0) -> float:
@@ -213,7 +215,7 @@ def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float, f
     `gemm_time`)."""
     t, cp, b, s = layout.tp, layout.cp, layout.mbs, w.seq_len
     tokens = b * s // cp
-    gemm_f = gemm_b = 0.0
+    gemm_f = gemm_b = gemm_w = 0.0
     for g, (m, n, k) in zip(w.inventory.layer, layer_gemms(w, layout)):
         fp8 = layout.fp8 and g.fp8
         if g.experts > 1:
@@ -231,6 +233,7 @@ def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float, f
             }
             gemm_f += passes["fprop"] * moe_share(w)
             gemm_b += (passes["dgrad"] + passes.get("wgrad", 0.0)) * moe_share(w)
+            gemm_w += passes.get("wgrad", 0.0) * moe_share(w)
             continue
         one = gemm_time(gpu, 2.0 * m * n * k, fp8, gemm_eff, fp4=layout.fp4, fp4_eff=fp4_eff)
         if g.name == "router" or g.name.startswith("shared."):
@@ -238,6 +241,7 @@ def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float, f
         gemm_f += one
         # Backward: data gradient always; weight gradient only for trained weights (LoRA freezes the base).
         gemm_b += one * (2 if g.trainable else 1)
+        gemm_w += one if g.trainable else 0.0
     if w.shape.experts and w.shape.dense_layers:
         # The leading dense layers' MLP, at their share of the mean layer.
         for g in w.inventory.dense_base:
@@ -246,6 +250,7 @@ def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float, f
                 one = gemm_time(gpu, 2.0 * m * n * k, layout.fp8 and g.fp8, gemm_eff, fp4=layout.fp4, fp4_eff=fp4_eff)
                 gemm_f += one * (1 - moe_share(w))
                 gemm_b += one * (1 - moe_share(w)) * (2 if g.trainable else 1)
+                gemm_w += one * (1 - moe_share(w)) if g.trainable else 0.0
     # Flash attention computes the causal half of the s^2 work Megatron's FLOPs count; backward recomputes
     # the scores, about 2.5x the forward.
     # (Per token: the inventory's QK^T + AV FLOPs over the keys it attends to, sliding windows and MLA widths included.)
@@ -276,7 +281,7 @@ def layer_times(w: Workload, layout: ClusterLayout, gpu: GPU, gemm_eff: float, f
         bwd += fwd
     elif layout.recompute == "selective":
         bwd += attn_f
-    return LayerTimes(fwd=fwd, bwd=bwd, attn_fwd=attn_f, gemm_fwd=gemm_f, gemm_bwd=gemm_b)
+    return LayerTimes(fwd=fwd, bwd=bwd, attn_fwd=attn_f, gemm_fwd=gemm_f, gemm_bwd=gemm_b, gemm_wgrad=gemm_w)
 
 
 def attention_tflops(gpu: GPU, layout: ClusterLayout) -> float:

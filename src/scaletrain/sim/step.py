@@ -141,6 +141,15 @@ def stage_costs(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency
     return fwd, bwd, exposed
 
 
+def wgrad_costs(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency) -> list[list[float]]:
+    """Per (rank, chunk) seconds of one micro-batch's weight-gradient GEMMs: the part of `stage_costs`' backward a
+    zero-bubble schedule (zb_h1) runs as its own deferred op (a trained linear layer's backward is two GEMMs of its
+    forward's size, the input and the weight gradient; attention and elementwise work are input-gradient only)."""
+    blocks = layout.chunks(w) or [[w.shape.layers // (layout.pp * layout.vp)] * layout.vp for _ in range(layout.pp)]
+    per_layer = compute.layer_times(w, layout, cl.gpu, eff.gemm_eff, eff.fp4_eff).gemm_wgrad
+    return [[n * per_layer for n in row] for row in blocks]
+
+
 # Megatron's DP buckets: at least 40M parameters (1M x dp on large groups), never finer than a layer.
 _BUCKET_PARAMS = 40e6
 
@@ -257,8 +266,9 @@ def step_time(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency, 
     rank_work = [sum(fwd[r]) + sum(bwd[r]) for r in range(p)]
     busiest = max(range(p), key=lambda r: rank_work[r])
     sched = layout.pipeline_schedule
+    wgrad = wgrad_costs(w, layout, cl, eff) if sched == "zb_h1" else None
     if event:
-        res = schedule.simulate(sched, p, m, v, fwd, bwd, p2p)
+        res = schedule.simulate(sched, p, m, v, fwd, bwd, p2p, wgrad=wgrad)
         makespan, lbe, ffs, in_flight, bend = (
             res.makespan,
             res.last_backward_end,
@@ -268,6 +278,10 @@ def step_time(w: Workload, layout: ClusterLayout, cl: Cluster, eff: Efficiency, 
         )
     else:
         mean_chunk = sum(rank_work) / (p * v)
+        if wgrad is not None:
+            # ZB-H1 fills the bubble with deferred weight gradients: (p-1)(T_F + T_B - T_W) where 1F1B idles
+            # (p-1)(T_F + T_B + T_W) (Qi et al. 2023), T_B + T_W being this model's backward.
+            mean_chunk -= 2 * sum(sum(row) for row in wgrad) / (p * v)
         makespan = m * rank_work[busiest] + (p - 1) * mean_chunk + (2 * (p * v - 1) * p2p if p > 1 else 0.0)
         # Chunk c's last backward ends roughly (v-1-c)/v of the cooldown before the end; its first forward
         # starts c chunk-forwards into the step.

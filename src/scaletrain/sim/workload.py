@@ -115,7 +115,8 @@ class ClusterLayout:
     bf16_grads: bool = False
     """Keep and reduce gradients in bf16 (MLPerf gpt3 recipes); False = Megatron's default fp32 main grads."""
     schedule: str = ""
-    """Pipeline schedule: "gpipe", "1f1b" or "interleaved_1f1b"; empty picks 1f1b, or interleaved when vp > 1."""
+    """Pipeline schedule: "gpipe", "1f1b", "interleaved_1f1b" or "zb_h1" (zero bubble: 1F1B with each weight gradient
+    deferred to fill the bubble, Qi et al. 2023; simulator only); empty picks 1f1b, or interleaved when vp > 1."""
     ep: int = 1
     """Expert-parallel degree: an MoE model's routed experts shared out over ep ranks of the tp·cp·dp ranks of a
     pipeline stage (whole experts, expert tensor parallelism 1), tokens dispatched to them and combined back by
@@ -240,9 +241,9 @@ class ClusterLayout:
             out.append(f"recompute={self.recompute!r} must be none, selective or full")
         if self.zero not in (0, 1, 2, 3):
             out.append(f"zero={self.zero} must be 0, 1, 2 or 3")
-        if self.schedule not in ("", "gpipe", "1f1b", "interleaved_1f1b"):
-            out.append(f"schedule={self.schedule!r} must be gpipe, 1f1b or interleaved_1f1b")
-        if self.vp > 1 and self.schedule in ("gpipe", "1f1b"):
+        if self.schedule not in ("", "gpipe", "1f1b", "interleaved_1f1b", "zb_h1"):
+            out.append(f"schedule={self.schedule!r} must be gpipe, 1f1b, interleaved_1f1b or zb_h1")
+        if self.vp > 1 and self.schedule in ("gpipe", "1f1b", "zb_h1"):
             out.append(f"vp={self.vp} needs the interleaved_1f1b schedule")
         return out
 
